@@ -22,10 +22,10 @@ def pack(weight: torch.Tensor, layout: int = 0) -> W12Weight:
             "explicitly (weight.to(torch.bfloat16)) if that is what you want"
         )
     if weight.is_cuda:
-        from . import cuda_ops
+        from . import cuda_codec
 
-        if cuda_ops.available():
-            return cuda_ops.pack(weight).with_layout(layout)
+        if cuda_codec.available():
+            return cuda_codec.pack(weight).with_layout(layout)
     parts = reference.encode(weight)
     w = W12Weight(**parts, shape=tuple(weight.shape), layout=0)
     return w.to(weight.device).with_layout(layout)

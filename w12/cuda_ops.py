@@ -1,11 +1,318 @@
-"""CUDA implementations of the W12 ops (filled in by the GPU-path work).
+"""CUDA implementations of the W12 ops, bound through ctypes to ``libw12.so``.
 
-Until the compiled library exists this module reports the kernels as unavailable, so every
-caller takes the reference path.
+The compiled kernels are a torch-free C-ABI library (see docs/extension.md for why): it is found
+at ``$W12_KERNELS_LIB`` or ``w12/_kernels/libw12.so`` and loaded on first use, never at import.
+
+This module registers the CUDA kernel of ``w12::linear`` (the fused W12 GEMM). Importing it
+defines Python functions only: no library load, no CUDA initialisation.
+
+Settings (environment, read on each call):
+  ``W12_GEMM_CTAS_PER_SM`` (default 2): the K-split aims at this many CTAs per SM. The split is a
+      function of (N, K, SM count, this value) only, never of M.
+  ``W12_GEMM_STAGES`` (default 4; 4 or 6): depth of the kernel's async-copy ring.
+  ``W12_GEMM_FALLBACK_M`` (default 192): above this many token rows the op decodes the weight
+      and calls cuBLAS instead of running the fused kernel in 64-row passes.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import layouts
+from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
+
+_LIB = None
+_LIB_ERROR: str | None = None
+_LOCK = threading.Lock()
+_GEMM_ABI = 1
+
+
+def library_path() -> Path:
+    env = os.environ.get("W12_KERNELS_LIB")
+    return Path(env) if env else Path(__file__).resolve().parent / "_kernels" / "libw12.so"
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded kernel library; raises RuntimeError saying why when it cannot be loaded."""
+    global _LIB, _LIB_ERROR
+    with _LOCK:
+        if _LIB is None and _LIB_ERROR is None:
+            path = library_path()
+            if os.environ.get("W12_DISABLE_KERNELS", "0") == "1":
+                _LIB_ERROR = "W12_DISABLE_KERNELS=1"
+            elif not path.exists():
+                _LIB_ERROR = f"{path} does not exist (build it with `python csrc/build.py`)"
+            else:
+                try:
+                    _LIB = ctypes.CDLL(str(path))
+                except OSError as e:
+                    _LIB_ERROR = f"cannot load {path}: {e}"
+        if _LIB is None:
+            raise RuntimeError(f"w12 CUDA kernels unavailable: {_LIB_ERROR}")
+        return _LIB
+
 
 def available() -> bool:
-    return False
+    try:
+        lib()
+    except RuntimeError:
+        return False
+    return True
+
+
+def preferred_layout(device=None) -> int:
+    """The record layout the CUDA GEMM reads (layout 1); 0 where no kernel would run."""
+    if device is not None and torch.device(device).type != "cuda":
+        return 0
+    return layouts.MMA_SYNC_LAYOUT
+
+
+# ---------------------------------------------------------------------------------------------
+# Binding
+_GEMM = None
+_VP, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+def _gemm_lib() -> ctypes.CDLL:
+    global _GEMM
+    if _GEMM is not None:
+        return _GEMM
+    so = lib()
+    if not hasattr(so, "w12_gemm"):
+        raise RuntimeError(f"{library_path()} has no W12 GEMM kernel (rebuild with `python csrc/build.py`)")
+    so.w12_gemm_abi_version.restype = _INT
+    if so.w12_gemm_abi_version() != _GEMM_ABI:
+        raise RuntimeError(
+            f"{library_path()} has GEMM ABI {so.w12_gemm_abi_version()}, this w12 expects {_GEMM_ABI}: rebuild it"
+        )
+    so.w12_gemm.restype = _INT
+    so.w12_gemm.argtypes = [_VP, _I64, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _I64, _INT, _INT, _INT, _VP, _VP]
+    so.w12_gemm.argtypes += [_INT, _INT, _VP]
+    so.w12_gemm_workspace_bytes.restype = _I64
+    so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT]
+    so.w12_gemm_splits.restype = _INT
+    so.w12_gemm_splits.argtypes = [_INT, _INT, _INT]
+    so.w12_gemm_check_device.restype = _INT
+    so.w12_gemm_error_string.restype = ctypes.c_char_p
+    so.w12_gemm_error_string.argtypes = [_INT]
+    _GEMM = so
+    return so
+
+
+def _err(code: int) -> str:
+    return _gemm_lib().w12_gemm_error_string(code).decode()
+
+
+_DEVICE_OK: dict[int, int] = {}
+_SM_COUNT: dict[int, int] = {}
+
+
+def _check_device(device: torch.device) -> int:
+    """SM count of ``device`` after checking that the GEMM can run there (cached)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _DEVICE_OK:
+        major, minor = torch.cuda.get_device_capability(idx)
+        if major < 8:
+            raise RuntimeError(
+                f"w12.linear: the W12 GEMM needs an sm_80 or newer GPU (mma.sync bf16, cp.async); "
+                f"cuda:{idx} ({torch.cuda.get_device_name(idx)}) is sm_{major}{minor}"
+            )
+        with torch.cuda.device(idx):
+            code = _gemm_lib().w12_gemm_check_device()
+        if code != 0:
+            raise RuntimeError(
+                f"w12.linear: {library_path()} holds no GEMM kernel for cuda:{idx} (sm_{major}{minor}): {_err(code)}; "
+                "rebuild with W12_CUDA_ARCHS including this architecture"
+            )
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        _DEVICE_OK[idx] = 1
+    return _SM_COUNT[idx]
+
+
+def _env_int(name: str, default: int, allowed=None) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        val = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if allowed is not None and val not in allowed:
+        raise ValueError(f"{name}={val} must be one of {sorted(allowed)}")
+    if val < 1:
+        raise ValueError(f"{name}={val} must be >= 1")
+    return val
+
+
+def target_ctas(device) -> int:
+    """The CTA count the K-split aims at on ``device`` (a function of its SM count only)."""
+    return _check_device(torch.device(device)) * _env_int("W12_GEMM_CTAS_PER_SM", 2)
+
+
+def splits(n: int, k: int, device="cuda") -> int:
+    """Number of K slices the GEMM uses for an (N, K) weight on ``device`` (independent of M)."""
+    return int(_gemm_lib().w12_gemm_splits(n, k, target_ctas(device)))
+
+
+# Ticket counters of the K-split reduction: zero between calls (each call leaves them zero), one
+# array per (device, stream) so calls on different streams never share one. A graph being
+# captured gets its own array: zero-filling it is then a node of the graph, which an eager call
+# must not rely on.
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+_COUNTERS_LOCK = threading.Lock()
+
+
+def _counters(device: torch.device, stream: torch.cuda.Stream, need: int) -> torch.Tensor:
+    key = (device.index, stream.cuda_stream, torch.cuda.is_current_stream_capturing())
+    with _COUNTERS_LOCK:
+        buf = _COUNTERS.get(key)
+        if buf is None or buf.numel() < need:
+            buf = torch.zeros(max(need, 4096), dtype=torch.int32, device=device)
+            _COUNTERS[key] = buf
+        return buf
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks (pure metadata: no sync, usable on any device; tests call them on CPU tensors)
+_WEIGHT_DTYPES = (
+    ("records", torch.uint8),
+    ("base", torch.uint8),
+    ("esc_ptr", torch.int32),
+    ("esc_col", torch.int32),
+    ("esc_val", torch.int16),
+)
+
+
+def check_linear_inputs(x, records, base, esc_ptr, esc_col, esc_val, n: int, k: int, bias, device) -> None:
+    """Raises TypeError/ValueError naming the argument when the inputs of ``w12::linear`` are bad."""
+    device = torch.device(device)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"w12.linear: x must be a tensor, got {type(x).__name__}")
+    if x.dtype != torch.bfloat16:
+        raise TypeError(
+            f"w12.linear: the CUDA W12 GEMM takes bfloat16 activations, got x of dtype {x.dtype} "
+            f"and shape {tuple(x.shape)}; cast with x.to(torch.bfloat16)"
+        )
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"w12.linear: x has shape {tuple(x.shape)}, but the weight [N={n}, K={k}] needs x[..., {k}]")
+    if not x.is_contiguous():
+        raise ValueError(
+            f"w12.linear: x (shape {tuple(x.shape)}, strides {x.stride()}) must be contiguous; call x.contiguous()"
+        )
+    tensors = dict(zip(("records", "base", "esc_ptr", "esc_col", "esc_val"), (records, base, esc_ptr, esc_col, esc_val)))
+    for name, t in (("x", x), *tensors.items(), *((("bias", bias),) if bias is not None else ())):
+        if t.device != device:
+            raise ValueError(f"w12.linear: {name} is on {t.device}, expected {device} (all inputs on one device)")
+    for name, dtype in _WEIGHT_DTYPES:
+        t = tensors[name]
+        if t.dtype != dtype:
+            raise TypeError(f"w12.linear: {name} has dtype {t.dtype}, expected {dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"w12.linear: {name} (shape {tuple(t.shape)}) must be contiguous")
+    want = (ceil_div(n, TILE_N), ceil_div(k, TILE_K), RECORD_BYTES)
+    if tuple(records.shape) != want:
+        raise ValueError(
+            f"w12.linear: records has shape {tuple(records.shape)}, a 2-D weight [{n}, {k}] needs {want} "
+            "(stacked weights go through w12.linear one matrix at a time)"
+        )
+    if tuple(base.shape) != (n,):
+        raise ValueError(f"w12.linear: base has shape {tuple(base.shape)}, expected ({n},)")
+    if tuple(esc_ptr.shape) != (n + 1,):
+        raise ValueError(f"w12.linear: esc_ptr has shape {tuple(esc_ptr.shape)}, expected ({n + 1},)")
+    if esc_col.dim() != 1 or esc_val.dim() != 1 or esc_col.numel() != esc_val.numel():
+        raise ValueError(
+            f"w12.linear: esc_col {tuple(esc_col.shape)} and esc_val {tuple(esc_val.shape)} must be 1-D of one length"
+        )
+    if bias is not None:
+        if not bias.is_floating_point():
+            raise TypeError(f"w12.linear: bias must be a floating tensor, got {bias.dtype}")
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"w12.linear: bias has shape {tuple(bias.shape)}, expected ({n},)")
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA kernel of w12::linear
+_WARNED: set = set()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _reference_linear(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias):
+    from . import reference
+
+    w = reference.decode(records, base, esc_ptr, esc_col, esc_val, n, k, layout)
+    return F.linear(x, w.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+@torch.library.register_kernel("w12::linear", "cuda")
+def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias):
+    if not available():
+        _warn_once("nolib", f"w12.linear: CUDA kernels unavailable ({_LIB_ERROR}); using the slow torch path")
+        return _reference_linear(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias)
+    device = records.device
+    check_linear_inputs(x, records, base, esc_ptr, esc_col, esc_val, n, k, bias, device)
+    sm = _check_device(device)
+    so = _gemm_lib()
+    out_shape = (*x.shape[:-1], n)
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if m == 0:
+        return x.new_empty(out_shape)
+    if layout != layouts.MMA_SYNC_LAYOUT:
+        # Loaders keep records in preferred_layout(); permuting on every call is correct but slow.
+        _warn_once(
+            f"layout{layout}",
+            f"w12.linear: records in layout {layout}, the CUDA GEMM reads layout {layouts.MMA_SYNC_LAYOUT}; "
+            "permuting on every call (store them with W12Weight.with_layout(w12.cuda_ops.preferred_layout()))",
+        )
+        records = convert_layout(records, layout, layouts.MMA_SYNC_LAYOUT)
+    if m > _env_int("W12_GEMM_FALLBACK_M", 192):
+        # Prefill: decode once and let cuBLAS run the GEMM (documented in docs/perf-notes.md).
+        w = torch.ops.w12.unpack(records, base, esc_ptr, esc_col, esc_val, n, k, layouts.MMA_SYNC_LAYOUT, False)
+        return F.linear(x2, w, None if bias is None else bias.to(torch.bfloat16)).view(out_shape)
+    kp = ceil_div(k, TILE_K) * TILE_K
+    if kp != k or x2.data_ptr() % 16:
+        # The kernel reads whole 64-column tiles of x with 16-byte copies: zero columns past K.
+        x2 = F.pad(x2, (0, kp - k))
+    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+    tgt = sm * _env_int("W12_GEMM_CTAS_PER_SM", 2)
+    stages = _env_int("W12_GEMM_STAGES", 4, allowed={4, 6})
+    ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt))
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
+    stream = torch.cuda.current_stream(device)
+    counters = _counters(device, stream, ceil_div(n, TILE_N)) if ws_bytes else None
+    code = so.w12_gemm(
+        x2.data_ptr(),
+        x2.stride(0),
+        records.data_ptr(),
+        base.data_ptr(),
+        esc_ptr.data_ptr(),
+        esc_col.data_ptr(),
+        esc_val.data_ptr(),
+        None if bias32 is None else bias32.data_ptr(),
+        y.data_ptr(),
+        n,
+        m,
+        n,
+        k,
+        None if ws is None else ws.data_ptr(),
+        None if counters is None else counters.data_ptr(),
+        tgt,
+        stages,
+        stream.cuda_stream,
+    )
+    if code != 0:
+        raise RuntimeError(
+            f"w12.linear: GEMM launch failed for x {tuple(x.shape)} and weight [{n}, {k}]: {_err(code)} (error {code})"
+        )
+    return y.view(out_shape)

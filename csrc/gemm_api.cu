@@ -1,0 +1,62 @@
+// C ABI of the W12 GEMM, loaded by w12/cuda_ops.py through ctypes.
+//
+// Device pointers, sizes and the caller's cudaStream_t (as void*) in; a cudaError_t value out
+// (0 = success). Nothing here allocates or synchronises, so every call can be captured into a
+// CUDA graph; the caller (Python) allocates the workspace with torch and checks dtypes, devices
+// and contiguity, where the error messages can name tensors.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "gemm_w12_mma.cuh"
+
+extern "C" {
+
+// Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
+int w12_gemm_abi_version(void) { return 1; }
+
+// The record layout the GEMM reads (registered as layout 1 in w12/layouts.py).
+int w12_gemm_record_layout(void) { return 1; }
+
+// Number of K slices the kernel uses for an (N, K) weight (a function of N, K, target_ctas only).
+int w12_gemm_splits(int n, int k, int target_ctas) { return w12::gemm_splits(n, k, target_ctas); }
+
+// Bytes of FP32 partial sums a call with these sizes needs (0 when K is not split).
+int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas) {
+  return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas));
+}
+
+// y[M, ldy] (BF16) = x[M, ldx] (BF16) . W^T (+ bias, FP32), W given by its W12 tensors with
+// records in layout 1. x must be zero in columns K .. ceil(K/64)*64 (the caller pads).
+// counters: >= ceil(N/128) ints, zero before the first call, left zero after each call; one
+// counter array must not be used by two calls running concurrently.
+int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, const void* esc_ptr,
+             const void* esc_col, const void* esc_val, const void* bias, void* y, int64_t ldy, int m, int n, int k,
+             void* workspace, void* counters, int target_ctas, int stages, void* stream) {
+  w12::GemmArgs a;
+  a.x = static_cast<const uint16_t*>(x);
+  a.records = static_cast<const uint8_t*>(records);
+  a.base = static_cast<const uint8_t*>(base);
+  a.esc_ptr = static_cast<const int32_t*>(esc_ptr);
+  a.esc_col = static_cast<const int32_t*>(esc_col);
+  a.esc_val = static_cast<const int16_t*>(esc_val);
+  a.bias = static_cast<const float*>(bias);
+  a.y = static_cast<uint16_t*>(y);
+  a.M = m;
+  a.N = n;
+  a.K = k;
+  a.ldx = ldx;
+  a.ldy = ldy;
+  a.workspace = workspace;
+  a.counters = static_cast<int*>(counters);
+  a.target_ctas = target_ctas;
+  a.stages = stages;
+  return static_cast<int>(w12::gemm_launch(a, static_cast<cudaStream_t>(stream)));
+}
+
+// 0 when this library holds a GEMM kernel image for the current device, else the cudaError_t
+// (cudaErrorNoKernelImageForDevice / cudaErrorInvalidDeviceFunction on an unsupported GPU).
+int w12_gemm_check_device(void) { return static_cast<int>(w12::gemm_check_device()); }
+
+const char* w12_gemm_error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+
+}  // extern "C"

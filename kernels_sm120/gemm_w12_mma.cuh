@@ -1,0 +1,35 @@
+// Host-side interface of the portable W12 GEMM (mma.sync, sm_80 / sm_90 / sm_120a).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+namespace w12 {
+
+struct GemmArgs {
+  const uint16_t* x;        // [M, ldx] BF16 activations; ldx >= KT*64 and columns K..KT*64 are zero
+  const uint8_t* records;   // [NT, KT, 12288] layout-1 records
+  const uint8_t* base;      // [N]
+  const int32_t* esc_ptr;   // [N+1]
+  const int32_t* esc_col;   // [nnz]
+  const int16_t* esc_val;   // [nnz]
+  const float* bias;        // [N] or nullptr
+  uint16_t* y;              // [M, ldy] BF16 out
+  int M, N, K;
+  int64_t ldx, ldy;
+  void* workspace;          // FP32 partial sums, gemm_workspace_bytes()
+  int* counters;            // >= NT ints, zero on entry; left zero on exit
+  int target_ctas;          // grid size the K-split aims at (a function of the SM count only)
+  int stages;               // pipeline depth: 4 or 6
+};
+
+// Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so
+// every output element is summed in the same order whatever M is.
+int gemm_splits(int N, int K, int target_ctas);
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas);
+cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream);
+// cudaSuccess when this library holds a kernel image for the current device.
+cudaError_t gemm_check_device();
+
+}  // namespace w12

@@ -1,0 +1,129 @@
+// Shared W12 device code: record layout 1 (the mma.sync fragment order), the register decode
+// with a fixed exponent offset, and the small PTX wrappers the GEMM kernels use.
+//
+// Portable sm_80+ (mma.sync, cp.async); usable from the sm_90a Hopper kernels too. Torch-free.
+//
+// ---------------------------------------------------------------------------------------------
+// Layout 1 ("mma_sync_m16n8k16"), defined once here and in w12/layouts.py (the CPU side builds
+// the same permutation from the same formulas; tests compare the two through an emulation).
+//
+// A record is 128 rows x 64 columns. Warp w (0..3) of a 128-thread CTA owns rows 32w..32w+31;
+// lane = 4g + t (g = lane>>2, t = lane&3). The thread owns 64 elements, read as 4 hi vectors of
+// 16 bytes (q = 0..3) and the matching 4 lo vectors of 8 bytes:
+//     hi slot  i = 2048w + 512q + 16*lane + e            (e = 0..15)
+//     lo byte    = i / 2 = 1024w + 256q + 8*lane + e/2   (even e in the low nibble)
+// so every warp-wide 16-byte hi load and 8-byte lo load is one contiguous 512/256-byte run:
+// coalesced from global memory and free of shared-memory bank conflicts.
+//
+// Element e of vector q decodes into A-fragment register R = 8q + 2*(e/4) + (e&1), half
+// h = (e>>1)&1 (pairs (0,2) and (1,3) of each hi word share a register: see decode_pair). Register
+// R = 16mt + 4ks + r is operand a_r of the m16n8k16 MMA for m-tile mt and k-step ks, and holds
+//     row = 32w + 16mt + g + 8*(r&1),   col = 16t + 4ks + 2*(r>>1) + h.
+// The columns are a permutation of the MMA's k index (the MMA's k order is free as long as A and
+// B agree): with it, thread t needs activations x[token][16t .. 16t+15] for all four k-steps,
+// i.e. two 16-byte loads of the activation tile per 8 tokens.
+// ---------------------------------------------------------------------------------------------
+#pragma once
+
+#include <stdint.h>
+
+namespace w12 {
+
+// Fixed exponent offset E0: the kernel decodes code c|m as BF16 with biased exponent c + E0 and
+// multiplies the FP32 accumulator by 2^(b - E0) in the epilogue (format §2 note). E0 = 112 makes
+// the exponent field an OR (E0 has its low four bits clear) and puts decoded weights in
+// [2^-15, 2): products with BF16 activations stay far from FP32 overflow and underflow for any
+// activation magnitude a model produces, and 2^(b - E0) for b in [1, 239] is a normal float.
+constexpr int kDecodeE0 = 112;
+constexpr uint32_t kE0Bits2 = 0x38003800u;  // (E0 << 7) in both halves; also forces bit 11 (see below)
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint32_t b) {
+  // (a & mask) | b in one LOP3.
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(b));
+  return d;
+}
+
+// Two BF16 weights (with the fixed offset E0) from one hi word and the nibble word of the pair.
+//   hw:   hi word (4 hi bytes, elements 0..3 of a group of four slots)
+//   nib:  E (even nibbles) or O (odd nibbles) of the lo word, one nibble per byte
+//   P:    0 -> elements (0,2) of the hi word, 1 -> elements (1,3)
+//   HALF: 0 -> the hi word is the first of the lo word's two, 1 -> the second
+// Result bits per half: s<<15 | (c|E0)<<7 | m. The hi byte goes to bits 8..15 (sign in place),
+// a copy shifted right by 4 puts c|m[6:4] at bits 4..10 (its stray sign copy lands on bit 11,
+// which E0's bit pattern sets anyway), the lo nibble lands at bits 0..3 together with E0's bits
+// via one PRMT from a constant register.
+template <int P, int HALF>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t hw, uint32_t nib) {
+  constexpr uint32_t kHiSel = P == 0 ? 0x2404u : 0x3414u;    // [0, h_P, 0, h_P+2]
+  constexpr uint32_t kLoSel = HALF == 0 ? 0x4140u : 0x4342u;  // [n, 0x38, n', 0x38]
+  const uint32_t x = prmt(hw, 0u, kHiSel);
+  const uint32_t lo = prmt(nib, 0x38383838u, kLoSel);
+  return lop3_and_or(x, 0x80008000u, x >> 4) | lo;
+}
+
+// Decodes one 16-element hi vector (4 words) and its 8 lo bytes (2 words) into 8 registers of
+// BF16 pairs, A[0..7] in fragment order (see the layout comment above).
+__device__ __forceinline__ void decode16(const uint4& hi, const uint2& lo, uint32_t* a) {
+  const uint32_t e0 = lo.x & 0x0F0F0F0Fu, o0 = (lo.x >> 4) & 0x0F0F0F0Fu;
+  const uint32_t e1 = lo.y & 0x0F0F0F0Fu, o1 = (lo.y >> 4) & 0x0F0F0F0Fu;
+  a[0] = decode_pair<0, 0>(hi.x, e0);
+  a[1] = decode_pair<1, 0>(hi.x, o0);
+  a[2] = decode_pair<0, 1>(hi.y, e0);
+  a[3] = decode_pair<1, 1>(hi.y, o0);
+  a[4] = decode_pair<0, 0>(hi.z, e1);
+  a[5] = decode_pair<1, 0>(hi.z, o1);
+  a[6] = decode_pair<0, 1>(hi.w, e1);
+  a[7] = decode_pair<1, 1>(hi.w, o1);
+}
+
+// FP32 2^(b - E0) for a row base b in [1, 239], built from its bit pattern (exact, no exp2f).
+__device__ __forceinline__ float row_scale(uint32_t b) { return __uint_as_float((b + 127u - kDecodeE0) << 23); }
+
+// The value the fixed-offset decode gives an escape slot (code 0) after row scaling: 2^(b - 127).
+__device__ __forceinline__ float escape_slot_value(uint32_t b) { return __uint_as_float(b << 23); }
+
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+
+// ---- PTX wrappers -------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16/8-byte global->shared async copies, L1 bypassed for the streamed weights (.cg needs 16).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src));
+}
+// 16-byte copy that writes zeros when !valid (src-size 0): rows past M in the activation tile.
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n));
+}
+// The "memory" clobbers keep the compiler from moving ordinary shared-memory reads of a stage
+// above the wait that makes that stage's async copies visible.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// D += A(16x16, row) * B(16x8, col), BF16 inputs, FP32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  // Not volatile: a pure function of its operands, so the compiler may interleave it with decode.
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace w12

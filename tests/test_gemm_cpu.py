@@ -1,0 +1,226 @@
+"""CPU-side tests of the W12 GEMM: layout 1, an emulation of the kernel's register decode and
+fragment mapping, the Python wrapper's checks, the fake implementation / torch.compile tracing,
+and (when nvcc is present) compiling the CUDA sources."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import w12
+from w12 import cuda_ops, layouts, reference
+from w12.format import RECORD_BYTES, convert_layout, get_layout
+
+ROOT = Path(__file__).resolve().parent.parent
+E0 = 112  # kernels_sm120/smxx_w12_decode.cuh kDecodeE0
+
+
+# ---- emulation of smxx_w12_decode.cuh (bit for bit) ------------------------------------------
+M32 = np.uint64(0xFFFFFFFF)
+
+
+def _prmt(a, b, sel):
+    src = [(a >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(4)]
+    src += [(b >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(4)]
+    out = np.zeros_like(a)
+    for i in range(4):
+        out |= src[(sel >> (4 * i)) & 7] << np.uint64(8 * i)
+    return out
+
+
+def _decode_pair(hw, nib, p, half):
+    x = _prmt(hw, np.zeros_like(hw), 0x2404 if p == 0 else 0x3414)
+    lo = _prmt(nib, np.full_like(nib, 0x38383838), 0x4140 if half == 0 else 0x4342)
+    return ((x & np.uint64(0x80008000)) | (x >> np.uint64(4)) | lo) & M32
+
+
+def _decode16(hi_words, lo_words):
+    """hi_words [..., 4], lo_words [..., 2] (uint64 holding u32) -> 8 registers [..., 8]."""
+    m = np.uint64(0x0F0F0F0F)
+    e = [lo_words[..., i] & m for i in range(2)]
+    o = [(lo_words[..., i] >> np.uint64(4)) & m for i in range(2)]
+    regs = []
+    for w in range(4):
+        for p in range(2):
+            regs.append(_decode_pair(hi_words[..., w], (e if p == 0 else o)[w // 2], p, w & 1))
+    return np.stack(regs, axis=-1)
+
+
+def _words(b: np.ndarray) -> np.ndarray:
+    return b.reshape(*b.shape[:-1], -1, 4).astype(np.uint64) @ (np.uint64(1) << np.arange(0, 32, 8, dtype=np.uint64))
+
+
+def _bf16_pair_to_f64(reg):
+    lo = (reg & np.uint64(0xFFFF)).astype(np.uint32) << 16
+    hi = ((reg >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.uint32) << 16
+    return lo.view(np.float32).astype(np.float64), hi.view(np.float32).astype(np.float64)
+
+
+def emulate_record_gemm(record: np.ndarray, base: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """What the kernel computes for one layout-1 record (before escapes): [128 rows, T tokens].
+
+    Walks the kernel's steps: per-thread loads, decode16, the m16n8k16 fragment definitions of the
+    PTX ISA, the activation words each thread loads, then the row scale 2^(b - E0).
+    """
+    T = x.shape[0]
+    x16 = x.astype(np.float64)
+    out = np.zeros((128, T))
+    for w in range(4):
+        regs = np.zeros((32, 32), dtype=np.uint64)  # [lane, R]
+        for lane in range(32):
+            for q in range(4):
+                hi = record[2048 * w + 512 * q + 16 * lane : 2048 * w + 512 * q + 16 * lane + 16]
+                lo = record[8192 + 1024 * w + 256 * q + 8 * lane : 8192 + 1024 * w + 256 * q + 8 * lane + 8]
+                regs[lane, 8 * q : 8 * q + 8] = _decode16(_words(hi), _words(lo))
+        for mt in range(2):
+            for ks in range(4):
+                A = np.zeros((16, 16))
+                B = np.zeros((16, T))
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    for r in range(4):
+                        v0, v1 = _bf16_pair_to_f64(regs[lane, 16 * mt + 4 * ks + r])
+                        row, kk = g + 8 * (r & 1), 2 * t + 8 * (r >> 1)
+                        A[row, kk], A[row, kk + 1] = v0, v1
+                    # activation words the thread loads: cols 16t .. 16t+15, word 2ks -> b0, 2ks+1 -> b1
+                    for n in range(g, T, 8):
+                        cols = 16 * t + 4 * ks + np.array([0, 1, 2, 3])
+                        B[2 * t, n], B[2 * t + 1, n] = x16[n, cols[0]], x16[n, cols[1]]
+                        B[2 * t + 8, n], B[2 * t + 9, n] = x16[n, cols[2]], x16[n, cols[3]]
+                out[32 * w + 16 * mt : 32 * w + 16 * mt + 16] += A @ B
+    scale = np.exp2(base.astype(np.float64) - E0)
+    return out * scale[:, None]
+
+
+def test_layout1_registered_and_a_permutation():
+    lay = get_layout(layouts.MMA_SYNC_LAYOUT)
+    assert torch.equal(torch.sort(lay.perm).values, torch.arange(8192))
+    assert cuda_ops.preferred_layout() == layouts.MMA_SYNC_LAYOUT
+    assert cuda_ops.preferred_layout("cpu") == 0
+
+
+def test_kernel_emulation_matches_reference_decode(rng):
+    # Random codes everywhere (code 0 slots included), random row bases: the emulated kernel must
+    # equal W_decoded @ x^T where W_decoded is the reference decode of the same record.
+    rec0 = torch.randint(0, 256, (1, 1, RECORD_BYTES), dtype=torch.uint8, generator=rng)
+    base = torch.randint(100, 140, (128,), dtype=torch.uint8, generator=rng)
+    ptr = torch.zeros(129, dtype=torch.int32)
+    empty_i, empty_v = torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int16)
+    w = reference.decode(rec0, base, ptr, empty_i, empty_v, 128, 64).double().numpy()
+    rec1 = convert_layout(rec0, 0, layouts.MMA_SYNC_LAYOUT)[0, 0].numpy()
+    x = torch.randn(11, 64, generator=rng).to(torch.bfloat16).float().numpy()
+    got = emulate_record_gemm(rec1, base.numpy(), x)
+    want = w @ x.T.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-30)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (128, 64), (130, 65), (300, 200)])
+def test_layout1_roundtrip_and_decode(shape, rng):
+    wt = (torch.randn(shape, generator=rng) * 0.05).to(torch.bfloat16)
+    wt.view(-1)[:: max(1, wt.numel() // 7)] = 0.0  # a few escapes
+    w = w12.pack(wt)
+    w1 = w.with_layout(layouts.MMA_SYNC_LAYOUT)
+    assert torch.equal(convert_layout(w1.records, 1, 0), w.records)
+    assert torch.equal(w12.unpack(w1).view(torch.int16), wt.view(torch.int16))
+
+
+def _inputs(n=130, k=70, m=3, rng=None):
+    wt = torch.randn(n, k, generator=rng).to(torch.bfloat16)
+    w = w12.pack(wt)
+    x = torch.randn(m, k, generator=rng).to(torch.bfloat16)
+    return x, w
+
+
+def _args(x, w, bias=None):
+    return [x, *w.tensors(), w.N, w.K, bias, torch.device("cpu")]
+
+
+def test_check_linear_inputs_accepts_good(rng):
+    x, w = _inputs(rng=rng)
+    cuda_ops.check_linear_inputs(*_args(x, w, torch.zeros(w.N)))
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,msg",
+    [
+        (lambda a: a.__setitem__(0, a[0].float()), TypeError, "bfloat16"),
+        (lambda a: a.__setitem__(0, a[0][:, :-1]), ValueError, "needs x"),
+        (lambda a: a.__setitem__(0, torch.cat([a[0], a[0]], 1)[:, ::2]), ValueError, "contiguous"),
+        (lambda a: a.__setitem__(1, a[1].to(torch.int8)), TypeError, "records"),
+        (lambda a: a.__setitem__(1, a[1][:1]), ValueError, "records has shape"),
+        (lambda a: a.__setitem__(2, a[2][:-1]), ValueError, "base"),
+        (lambda a: a.__setitem__(3, a[3].long()), TypeError, "esc_ptr"),
+        (lambda a: a.__setitem__(5, a[5][:0] if a[5].numel() else torch.zeros(1, dtype=torch.int16)), ValueError, "esc_col"),
+        (lambda a: a.__setitem__(8, torch.zeros(3)), ValueError, "bias"),
+        (lambda a: a.__setitem__(8, torch.zeros(a[6], dtype=torch.int32)), TypeError, "bias"),
+        (lambda a: a.__setitem__(9, torch.device("meta")), ValueError, "expected meta"),
+    ],
+)
+def test_check_linear_inputs_errors(mutate, exc, msg, rng):
+    x, w = _inputs(rng=rng)
+    args = _args(x, w)
+    mutate(args)
+    with pytest.raises(exc, match=msg):
+        cuda_ops.check_linear_inputs(*args)
+
+
+def test_cuda_kernel_registered_without_cuda_init():
+    code = (
+        "import torch, w12; "
+        "assert torch._C._dispatch_has_kernel_for_dispatch_key('w12::linear', 'CUDA'); "
+        "assert not torch.cuda.is_initialized(); "
+        "from w12 import cuda_ops; assert cuda_ops._LIB is None; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_fake_impl_and_compile(rng):
+    x, w = _inputs(m=5, rng=rng)
+    args = (x, *w.tensors(), w.N, w.K, w.layout, None)
+    torch.library.opcheck(torch.ops.w12.linear.default, args, test_utils=("test_schema", "test_faketensor"))
+    fn = torch.compile(lambda xx: w12.linear(xx, w), backend="aot_eager", fullgraph=True)
+    got = fn(x.view(1, 5, -1))
+    want = w12.linear(x, w).view(1, 5, -1)
+    assert got.shape == (1, 5, w.N)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def _nvcc():
+    return shutil.which("nvcc") or (
+        os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_nvcc() is None, reason="nvcc not installed")
+def test_cuda_sources_compile(tmp_path):
+    """Compiles every CUDA source for sm_80, sm_90a and sm_120a: a compile error fails CI.
+
+    Objects are cached in build/w12_obj, so after `pip install -e .` (which builds the same
+    targets) this only links."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "csrc" / "build.py"), "--out", str(tmp_path), "--archs", "80,90a,120a"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    so = ctypes.CDLL(str(tmp_path / "libw12.so"))
+    so.w12_gemm_splits.restype = ctypes.c_int
+    assert so.w12_gemm_record_layout() == layouts.MMA_SYNC_LAYOUT
+    # The split is a function of (N, K, target CTAs) only, covers K without empty slices.
+    for n, k in [(4096, 4096), (28672, 4096), (4096, 14336), (100, 70)]:
+        s = so.w12_gemm_splits(n, k, 264)
+        kt = -(-k // 64)
+        assert 1 <= s <= kt
+        kper = -(-kt // s)
+        assert (s - 1) * kper < kt

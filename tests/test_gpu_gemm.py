@@ -1,0 +1,195 @@
+"""GPU tests of the fused W12 GEMM (``w12.linear`` on CUDA). Run with ``pytest -m gpu``."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import w12
+from w12 import cuda_ops, layouts
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+MS = [1, 2, 3, 7, 8, 16, 31, 64, 128, 300]
+# At and off the 128x64 tile edges; 512x4096 and 384x1000 exercise the K-split reduction.
+NKS = [(128, 64), (256, 128), (130, 70), (1, 1), (127, 65), (512, 4096), (384, 1000), (1000, 192)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels_present():
+    if not cuda_ops.available():
+        pytest.fail(f"libw12.so is not loadable: {cuda_ops._LIB_ERROR}")
+
+
+def _weight(n, k, gen, escapes=True, spread=True):
+    """BF16 weight with per-row scales over many binades and a sprinkling of escapes."""
+    w = torch.randn(n, k, generator=gen)
+    if spread:
+        w *= torch.exp2(torch.randint(-20, 8, (n, 1), generator=gen).float())
+    w = w.to(torch.bfloat16)
+    if escapes and n * k > 4:
+        flat = w.view(-1)
+        idx = torch.randint(0, n * k, (max(1, n * k // 500),), generator=gen)
+        flat[idx[0::3]] = 0.0  # zeros: escapes
+        flat[idx[1::3]] = (flat[idx[1::3]].float() * 2.0**30).to(torch.bfloat16)  # far above the window
+        flat[idx[2::3]] = (flat[idx[2::3]].float() * 2.0**-30).to(torch.bfloat16)  # far below
+    return w
+
+
+def _ref(x, wt, bias=None):
+    y = x.double() @ wt.double().t()
+    return y if bias is None else y + bias.double()
+
+
+def _assert_close(y, ref, x, wt):
+    """Output within BF16 rounding of the FP64 result plus an FP32-accumulation allowance."""
+    assert y.dtype == torch.bfloat16
+    mag = x.double().abs() @ wt.double().abs().t()
+    err = (y.double() - ref).abs()
+    bound = 2.0**-8 * ref.abs() + 2.0**-14 * mag + 1e-30
+    bad = err > bound
+    assert not torch.isnan(y).any(), "NaN in the output"
+    assert not bad.any(), f"{int(bad.sum())} elements off; worst excess {float((err - bound).max()):.3e}"
+    rel = float((y.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+    assert rel < 4e-3, f"relative error {rel:.2e}"
+
+
+def _poison_next_alloc(numel):
+    # Fill a block of the output's size with NaN and free it: the caching allocator hands the
+    # same block to the next allocation of that size, so unwritten outputs show up as NaN.
+    torch.full((numel,), float("nan"), dtype=torch.bfloat16, device=DEV)
+
+
+@pytest.mark.parametrize("n,k", NKS)
+@pytest.mark.parametrize("m", MS)
+def test_gemm_matches_fp64(m, n, k):
+    gen = torch.Generator().manual_seed(1000 * m + 7 * n + k)
+    wt = _weight(n, k, gen)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    _poison_next_alloc(m * n)
+    y = w12.linear(x, w)
+    _assert_close(y, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+
+
+def test_bias_and_leading_dims():
+    gen = torch.Generator().manual_seed(5)
+    wt = _weight(300, 200, gen)
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    x = torch.randn(2, 3, 200, generator=gen).to(torch.bfloat16).to(DEV)
+    b = torch.randn(300, generator=gen).to(DEV)
+    y = w12.linear(x, w, b.to(torch.bfloat16))
+    assert y.shape == (2, 3, 300)
+    ref = _ref(x.view(6, 200), wt.to(DEV), b.to(torch.bfloat16))
+    _assert_close(y.view(6, 300), ref, x.view(6, 200), wt.to(DEV))
+
+
+def test_inf_nan_and_subnormal_weights():
+    gen = torch.Generator().manual_seed(6)
+    wt = _weight(256, 128, gen)
+    wt[3, 5] = float("inf")
+    wt[7, 0] = float("-inf")
+    wt[9, 127] = float("nan")
+    wt[11, 1] = torch.tensor(1e-40).to(torch.bfloat16)  # subnormal
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    x = torch.randn(5, 128, generator=gen).to(torch.bfloat16).to(DEV)
+    x[2, 5] = 0.0  # inf * 0 = NaN in row 3, token 2
+    y = w12.linear(x, w).double()
+    ref = _ref(x, wt.to(DEV))
+    assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    assert torch.equal(torch.isinf(y), torch.isinf(ref))
+    fin = torch.isfinite(ref)
+    torch.testing.assert_close(y[fin], ref[fin], rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("n,k", [(512, 4096), (4096, 4096), (384, 1000)])
+def test_deterministic_and_independent_of_m(n, k):
+    gen = torch.Generator().manual_seed(11)
+    wt = _weight(n, k, gen, spread=False)
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    x = torch.randn(128, k, generator=gen).to(torch.bfloat16).to(DEV)
+    full = w12.linear(x, w).view(torch.int16)
+    again = w12.linear(x, w).view(torch.int16)
+    assert torch.equal(full, again), "two runs differ"
+    for m in [1, 2, 3, 7, 8, 16, 31, 33, 64]:
+        part = w12.linear(x[:m].clone(), w).view(torch.int16)
+        assert torch.equal(part, full[:m]), f"rows computed with M={m} differ from M=128"
+    # Rows of the second 64-token pass equal the same rows computed on their own.
+    assert torch.equal(w12.linear(x[64:].clone(), w).view(torch.int16), full[64:])
+
+
+def test_cuda_graph_capture_and_replay():
+    gen = torch.Generator().manual_seed(12)
+    wt = _weight(512, 4096, gen)
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    x = torch.randn(4, 4096, generator=gen).to(torch.bfloat16).to(DEV)
+    eager = w12.linear(x, w)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w12.linear(x, w)  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = w12.linear(x, w)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(torch.int16), eager.view(torch.int16))
+
+
+def test_layout0_records_still_correct():
+    gen = torch.Generator().manual_seed(13)
+    wt = _weight(256, 256, gen)
+    w = w12.pack(wt).to(DEV)  # layout 0
+    x = torch.randn(3, 256, generator=gen).to(torch.bfloat16).to(DEV)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = w12.linear(x, w)
+    y1 = w12.linear(x, w.with_layout(1))
+    assert torch.equal(y.view(torch.int16), y1.view(torch.int16))
+
+
+def test_zero_rows():
+    gen = torch.Generator().manual_seed(14)
+    w = w12.pack(_weight(128, 64, gen)).to(DEV).with_layout(1)
+    y = w12.linear(torch.empty(0, 64, dtype=torch.bfloat16, device=DEV), w)
+    assert y.shape == (0, 128)
+
+
+def _op_args(x, w, bias=None):
+    return (x, *w.tensors(), w.N, w.K, w.layout, bias)
+
+
+def test_bad_inputs_raise_clear_errors():
+    gen = torch.Generator().manual_seed(15)
+    w = w12.pack(_weight(130, 70, gen)).to(DEV).with_layout(1)
+    x = torch.randn(3, 70, generator=gen).to(torch.bfloat16).to(DEV)
+    with pytest.raises(TypeError, match="bfloat16"):
+        torch.ops.w12.linear(*_op_args(x.half(), w))
+    with pytest.raises(ValueError, match="expected cuda"):
+        torch.ops.w12.linear(*_op_args(x.cpu(), w)[:1], *_op_args(x, w)[1:])
+    with pytest.raises(ValueError, match="contiguous"):
+        xt = torch.randn(70, 3, device=DEV).to(torch.bfloat16).t()
+        torch.ops.w12.linear(*_op_args(xt, w))
+    with pytest.raises(ValueError, match="needs x"):
+        torch.ops.w12.linear(*_op_args(x[:, :69].contiguous(), w))
+    with pytest.raises(ValueError, match="w12.linear"):
+        w12.linear(x[:, :69], w)
+    with pytest.raises(ValueError, match="bias"):
+        torch.ops.w12.linear(*_op_args(x, w, torch.zeros(3, device=DEV)))
+    with pytest.raises(ValueError, match="base has shape"):
+        args = list(_op_args(x, w))
+        args[2] = args[2][:-1]
+        torch.ops.w12.linear(*args)
+
+
+def test_splits_do_not_depend_on_m():
+    # The reduction order is a function of (N, K, SM count) only: the C side never sees M.
+    s = cuda_ops.splits(4096, 4096, DEV)
+    assert s >= 2
+    assert cuda_ops.splits(128256, 4096, DEV) == 1
+    assert layouts.MMA_SYNC_LAYOUT == cuda_ops.preferred_layout(DEV)
