@@ -138,7 +138,17 @@ def load_model(name: str, dtype=None):
     path = ensure_gguf(name)
     dtype = dtype or torch.float32
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    # Dequantizing the GGUF takes minutes on 2 cores; keep a safetensors copy of the float model.
+    hf_dir = path.parent / f"hf-{str(dtype).replace('torch.', '')}"
+    if (hf_dir / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+        tmp = hf_dir.with_name(hf_dir.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        shutil.rmtree(hf_dir, ignore_errors=True)
+        os.replace(tmp, hf_dir)
     model.eval()
     return model, tok
 

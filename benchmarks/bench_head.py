@@ -38,26 +38,35 @@ def _shape(s: str):
 
 
 def real_hidden_states(model_name: str, n_prompts: int, new_tokens: int):
+    """Final-norm hidden states (what the head sees) of a real model on real prompts, cached on disk.
+
+    Every prompt position is kept (the model predicting the next token of real text); with
+    ``new_tokens > 0`` the positions of a greedy continuation are added.
+    """
     from benchmarks import _models
 
+    cache = _models.cache_dir() / f"head_states_{model_name}_{n_prompts}_{new_tokens}.pt"
+    if cache.exists():
+        d = torch.load(cache)
+        return d["h"], d["w"]
+    from tqdm import tqdm
+
     model, tok = _models.load_model(model_name)
-    states, kinds = [], []
     prompts = []
     for ds in ("humaneval", "gsm8k"):
         prompts += _models.load_prompts(ds, n_prompts)
-    from tqdm import tqdm
-
+    states = []
     for msg in tqdm(prompts, desc="prompts"):
         ids = _models.chat_ids(tok, msg)[None]
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
-            full = model(out, output_hidden_states=True)
-        hs = full.hidden_states[-1][0]  # after the final norm: what the head sees
-        n_prompt = ids.shape[1]
-        states.append(hs[n_prompt - 1 : -1])  # the positions whose greedy token was generated
-        kinds += ["generated"] * (hs.shape[0] - n_prompt)
-    head = model.get_output_embeddings().weight.detach().to(torch.bfloat16)
-    return torch.cat(states).float(), head
+            if new_tokens > 0:
+                ids = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+            full = model(ids, output_hidden_states=True)
+        states.append(full.hidden_states[-1][0, :-1])  # after the final norm; the last has no next token
+    h = torch.cat(states).float()
+    w = model.get_output_embeddings().weight.detach().to(torch.bfloat16)
+    torch.save({"h": h, "w": w}, cache)
+    return h, w
 
 
 def run_real(args):
@@ -155,9 +164,9 @@ def run_gpu(args):
                 correct &= bool((ids == ref).all())
                 surv[name] = cnt.tolist()
             h = hid["planted"]
-            us = _graph_time(lambda h=h: head.argmax(h), args.iters)
-            us_rand = _graph_time(lambda: head.argmax(hid["random"]), args.iters)
-            us_cublas = _graph_time(lambda h=h: torch.argmax(h @ w.T, dim=-1), args.iters)
+            us = _graph_time(lambda h=h, hd=head: hd.argmax(h), args.iters)
+            us_rand = _graph_time(lambda h=hid["random"], hd=head: hd.argmax(h), args.iters)
+            us_cublas = _graph_time(lambda h=h, w=w: torch.argmax(h @ w.T, dim=-1), args.iters)
             row = {
                 "shape": [v, k],
                 "M": m,
@@ -189,7 +198,9 @@ def run_gpu(args):
     print(f"wrote {out}")
     print("\nshape           M   us      us_cublas  speedup  survivors(planted)")
     for r in rows:
-        print(f"{str(r['shape']):15s} {r['M']:3d} {r['us']:8.1f} {r['us_cublas']:9.1f} {r['speedup']:7.2f}x  {r['survivors']}")
+        print(
+            f"{str(r['shape']):15s} {r['M']:3d} {r['us']:8.1f} {r['us_cublas']:9.1f} {r['speedup']:7.2f}x  {r['survivors']}"
+        )
 
 
 def main(argv=None):
@@ -201,8 +212,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/head_h200.json"), help="JSON output (GPU mode)")
     p.add_argument("--real", default=None, help="CPU mode: a cached model name (benchmarks/_models.py MODELS)")
-    p.add_argument("--prompts", type=int, default=4, help="--real: prompts per dataset (humaneval, gsm8k)")
-    p.add_argument("--new-tokens", type=int, default=48, help="--real: greedy tokens generated per prompt")
+    p.add_argument("--prompts", type=int, default=3, help="--real: prompts per dataset (humaneval, gsm8k)")
+    p.add_argument(
+        "--new-tokens", type=int, default=0, help="--real: greedy tokens generated per prompt (0: prompts only)"
+    )
     p.add_argument("--bits", type=int, nargs="+", default=[8, 6, 4], help="--real: quantisation tiers to count")
     p.add_argument("--out-real", default=str(ROOT / "benchmarks/results/head_survivors_cpu.json"))
     args = p.parse_args(argv)

@@ -32,12 +32,13 @@ int w12_encode_write(const void* w, int64_t mats, int n, int k, const void* base
 }
 
 // Layout-0 records -> BF16 [mats, n, k] (exact, or the 8-bit view when eight_bit != 0).
+// variant < 0 picks the default kernel variant; 0 and 1 force one (for benchmarking).
 int w12_decode(const void* records, const void* base, const void* esc_ptr, const void* esc_col, const void* esc_val,
-               int64_t nnz, int64_t mats, int n, int k, int eight_bit, void* out, void* stream) {
+               int64_t nnz, int64_t mats, int n, int k, int eight_bit, void* out, void* stream, int variant) {
   return int(w12codec::launch_decode(
       static_cast<const uint8_t*>(records), static_cast<const uint8_t*>(base), static_cast<const int32_t*>(esc_ptr),
       static_cast<const int32_t*>(esc_col), static_cast<const int16_t*>(esc_val), nnz, mats, n, k, eight_bit != 0,
-      static_cast<uint16_t*>(out), static_cast<cudaStream_t>(stream)));
+      static_cast<uint16_t*>(out), static_cast<cudaStream_t>(stream), variant));
 }
 
 // dst record i slot s = src record i slot gather[s] (both planes), for num_records records.

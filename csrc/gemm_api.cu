@@ -12,7 +12,7 @@
 extern "C" {
 
 // Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
-int w12_gemm_abi_version(void) { return 1; }
+int w12_gemm_abi_version(void) { return 2; }
 
 // The record layout the GEMM reads (registered as layout 1 in w12/layouts.py).
 int w12_gemm_record_layout(void) { return 1; }
@@ -31,7 +31,7 @@ int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas) {
 // counter array must not be used by two calls running concurrently.
 int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, const void* esc_ptr,
              const void* esc_col, const void* esc_val, const void* bias, void* y, int64_t ldy, int m, int n, int k,
-             void* workspace, void* counters, int target_ctas, int stages, void* stream) {
+             void* workspace, void* counters, int target_ctas, int stages, int flags, void* stream) {
   w12::GemmArgs a;
   a.x = static_cast<const uint16_t*>(x);
   a.records = static_cast<const uint8_t*>(records);
@@ -50,6 +50,7 @@ int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, 
   a.counters = static_cast<int*>(counters);
   a.target_ctas = target_ctas;
   a.stages = stages;
+  a.flags = flags;  // 0 except in diagnostic benchmark runs (wrong results by design)
   return static_cast<int>(w12::gemm_launch(a, static_cast<cudaStream_t>(stream)));
 }
 

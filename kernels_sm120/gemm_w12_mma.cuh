@@ -21,7 +21,9 @@ struct GemmArgs {
   void* workspace;          // FP32 partial sums, gemm_workspace_bytes()
   int* counters;            // >= NT ints, zero on entry; left zero on exit
   int target_ctas;          // grid size the K-split aims at (a function of the SM count only)
-  int stages;               // pipeline depth: 4 or 6
+  int stages;               // pipeline depth: 3 or 4 (6 and 8 measured slower)
+  int flags = 0;            // diagnostics for benchmarks: 1 = skip decode/MMA, 2 = skip the reduction,
+                            // 4 = global-memory reduction even where clusters exist
 };
 
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so

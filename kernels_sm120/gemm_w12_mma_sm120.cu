@@ -9,6 +9,7 @@
 // - Records and the activation tile of each K step stream through a STAGES-deep cp.async ring.
 //   Every thread copies exactly the record bytes it later decodes, so the weights need no
 //   barrier; one __syncthreads per step covers the shared activation tile.
+//   Row data for the epilogue (base, escape ranges, bias) is loaded before the main loop.
 // - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs) only. Partial
 //   sums go to a workspace and the last CTA of a row tile to arrive (atomic ticket) adds the
 //   slices in slice order. Every output element is therefore summed in one fixed order that does
@@ -16,6 +17,7 @@
 //   the same bits whatever M is.
 // - Epilogue (once per element, in the reducing CTA): multiply by 2^(b - E0), fix escapes with
 //   (w_true - w_slot) x[col] in escape-list order, add bias, round to BF16.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +30,7 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kRecordBytes = 12288;
 constexpr int kMaxTokens = 64;  // per launch; longer M is cut into 64-token chunks
+constexpr int kMaxSplits = 8;
 
 struct KParams {
   const uint16_t* x;
@@ -42,40 +45,67 @@ struct KParams {
   int* counters;
   int M, N, KT, S, kper;
   int64_t ldx, ldy;
+  int flags;    // diagnostics only (GemmArgs::flags); 0 in normal use
+  int cluster;  // 1: the S slices of a row tile form one thread-block cluster (sm_90+)
 };
 
 template <int NCH>
 struct MinBlocks {
   // Register budget per thread: 4 CTAs/SM (<= 128 regs) while the accumulators are small,
-  // fewer once 64 tokens need 64 FP32 accumulators per thread.
-  static constexpr int value = NCH <= 2 ? 4 : (NCH == 4 ? 3 : 2);
+  // 3 CTAs/SM (<= 168 regs) once 64 tokens need 64 FP32 accumulators per thread.
+  static constexpr int value = NCH <= 4 ? 4 : 3;
 };
 
-__device__ __forceinline__ float finish(float v, int n, int m, const KParams& p) {
-  const uint32_t b = p.base[n];
-  v *= row_scale(b);
-  const int e0 = p.esc_ptr[n], e1 = p.esc_ptr[n + 1];
-  if (e0 < e1) {
-    // The slot of an escape decoded as code 0 = 2^(b-127); replace that product by the true
-    // weight's. Both products are exact in FP32 (8-bit x 8-bit mantissas); an inf/NaN weight
-    // makes the result inf/NaN exactly as multiplying by the decoded weight would.
-    const float slot = escape_slot_value(b);
-    const uint16_t* xr = p.x + (int64_t)m * p.ldx;
-    for (int e = e0; e < e1; ++e) {
-      const float xv = bf16_bits_to_float(xr[p.esc_col[e]]);
-      const float wv = bf16_bits_to_float(static_cast<uint16_t>(p.esc_val[e]));
-      v = __fadd_rn(v, __fmul_rn(wv, xv));
-      v = __fsub_rn(v, __fmul_rn(slot, xv));
+// Per-row epilogue data of the 4 rows a thread writes (r = 2*mt + (i >> 1) of its fragments),
+// loaded at kernel start so their (cold, HBM) latency hides behind the main loop instead of
+// adding a chain of dependent round trips after it.
+struct RowData {
+  float scale[4];
+  int e0[4], e1[4];
+  float bias[4];
+};
+
+__device__ __forceinline__ float apply_escapes(float v, int r, int m, const RowData& rd, const KParams& p) {
+  // The slot of an escape decoded as code 0 = 2^(b-127) after scaling; replace that product by
+  // the true weight's. Both products are exact in FP32 (8-bit x 8-bit mantissas); an inf/NaN
+  // weight makes the result inf/NaN exactly as multiplying by the decoded weight would.
+  const float slot = rd.scale[r] * 0x1p-15f;  // 2^(b-E0) * 2^(E0-127)
+  const uint16_t* xr = p.x + (int64_t)m * p.ldx;
+  for (int e = rd.e0[r]; e < rd.e1[r]; ++e) {
+    const float xv = bf16_bits_to_float(xr[__ldg(p.esc_col + e)]);
+    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+    v = __fadd_rn(v, __fmul_rn(wv, xv));
+    v = __fsub_rn(v, __fmul_rn(slot, xv));
+  }
+  return v;
+}
+
+// Epilogue of one accumulator fragment (m-tile mt, token chunk j): scale, escapes, bias, BF16.
+__device__ __forceinline__ void store_fragment(const float (&v)[4], int mt, int j, int rowtile, const RowData& rd,
+                                               const KParams& p) {
+  const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, t = tid & 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int h = i >> 1;
+    const int r = mt ? 2 + h : h;  // selects, not a run-time register-array index
+    const int n = rowtile * 128 + warp * 32 + mt * 16 + g + 8 * h;
+    const int m = 8 * j + 2 * t + (i & 1);
+    if (n < p.N && m < p.M) {
+      float x = v[i] * (mt ? (h ? rd.scale[3] : rd.scale[2]) : (h ? rd.scale[1] : rd.scale[0]));
+      const int e0 = mt ? (h ? rd.e0[3] : rd.e0[2]) : (h ? rd.e0[1] : rd.e0[0]);
+      const int e1 = mt ? (h ? rd.e1[3] : rd.e1[2]) : (h ? rd.e1[1] : rd.e1[0]);
+      if (e0 < e1) x = apply_escapes(x, r, m, rd, p);
+      if (p.bias) x = __fadd_rn(x, mt ? (h ? rd.bias[3] : rd.bias[2]) : (h ? rd.bias[1] : rd.bias[0]));
+      p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
     }
   }
-  if (p.bias) v = __fadd_rn(v, p.bias[n]);
-  return v;
 }
 
 template <int NCH, int STAGES>
 __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_kernel(const KParams p) {
   constexpr int kXBytes = NCH * 8 * 128;  // 8*NCH tokens x 64 BF16
   constexpr int kStage = kRecordBytes + kXBytes;
+  constexpr int JG = NCH < 4 ? NCH : 4;  // token chunks whose fragments are held at once
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -121,6 +151,17 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
     cp_async_commit();
   }
 
+  RowData rd;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int n = rowtile * 128 + warp * 32 + (r >> 1) * 16 + g + 8 * (r & 1);
+    const bool ok = n < p.N;
+    rd.scale[r] = ok ? row_scale(__ldg(p.base + n)) : 0.f;
+    rd.e0[r] = ok ? __ldg(p.esc_ptr + n) : 0;
+    rd.e1[r] = ok ? __ldg(p.esc_ptr + n + 1) : 0;
+    rd.bias[r] = (ok && p.bias) ? __ldg(p.bias + n) : 0.f;
+  }
+
   for (int i = 0; i < nrec; ++i) {
     cp_async_wait<STAGES - 2>();
     // Everyone has finished step i-1, so its slot (the one refilled next) is free.
@@ -128,6 +169,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
     if (i + STAGES - 1 < nrec) load_stage((i + STAGES - 1) % STAGES, i + STAGES - 1);
     cp_async_commit();
 
+    if (p.flags & 1) continue;  // diagnostic: stream only
     const uint8_t* st = smem + (i % STAGES) * kStage;
     uint32_t a[32];
 #pragma unroll
@@ -136,24 +178,67 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
       const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
       decode16(h, l, a + 8 * q);
     }
+    // Activation fragments for JG token chunks at a time, then k-step outer: consecutive MMAs
+    // go to 2*JG different accumulators, so the ~30-cycle MMA latency of one accumulator's
+    // chain is covered (with j outer, only 2 were independent and the warp stalled on each).
 #pragma unroll
-    for (int j = 0; j < NCH; ++j) {
-      const uint8_t* xr = st + kRecordBytes + (8 * j + g) * 128;
-      const uint4 b0 = *reinterpret_cast<const uint4*>(xr + (((2 * t) ^ g) << 4));
-      const uint4 b1 = *reinterpret_cast<const uint4*>(xr + (((2 * t + 1) ^ g) << 4));
-      const uint32_t bw[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    for (int j0 = 0; j0 < NCH; j0 += JG) {
+      uint32_t bw[JG][8];
+#pragma unroll
+      for (int jj = 0; jj < JG; ++jj) {
+        const uint8_t* xr = st + kRecordBytes + (8 * (j0 + jj) + g) * 128;
+        const uint4 b0 = *reinterpret_cast<const uint4*>(xr + (((2 * t) ^ g) << 4));
+        const uint4 b1 = *reinterpret_cast<const uint4*>(xr + (((2 * t + 1) ^ g) << 4));
+        bw[jj][0] = b0.x, bw[jj][1] = b0.y, bw[jj][2] = b0.z, bw[jj][3] = b0.w;
+        bw[jj][4] = b1.x, bw[jj][5] = b1.y, bw[jj][6] = b1.z, bw[jj][7] = b1.w;
+      }
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const uint32_t af[4] = {a[16 * mt + 4 * ks + 0], a[16 * mt + 4 * ks + 1], a[16 * mt + 4 * ks + 2],
-                                  a[16 * mt + 4 * ks + 3]};
-          mma_bf16_16816(acc[mt][j], af, bw[2 * ks], bw[2 * ks + 1]);
-        }
+        for (int jj = 0; jj < JG; ++jj)
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            const uint32_t af[4] = {a[16 * mt + 4 * ks + 0], a[16 * mt + 4 * ks + 1], a[16 * mt + 4 * ks + 2],
+                                    a[16 * mt + 4 * ks + 3]};
+            mma_bf16_16816(acc[mt][j0 + jj], af, bw[jj][2 * ks], bw[jj][2 * ks + 1]);
+          }
     }
   }
   cp_async_wait<0>();
 
+#if __CUDA_ARCH__ >= 900
+  if (p.S > 1 && p.cluster) {
+    // Cluster reduction: the S slices of this row tile are the S CTAs of one cluster. Each
+    // parks its partial in its own shared memory; after a cluster barrier, CTA `split` sums
+    // fragments f = split, split + S, ... over ranks 0..S-1 (the same fixed order as the global
+    // path below, so both give identical bits) straight out of the other CTAs' shared memory.
+    // This replaces a global fence + atomic + L2 round trips (several us at the end of the
+    // kernel) by two cluster barriers and DSMEM reads.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __syncthreads();  // every warp is done reading the ring before it is reused
+    float4* part = reinterpret_cast<float4*>(smem);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < NCH; ++j)
+        part[(mt * NCH + j) * kThreads + tid] =
+            make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+    cluster.sync();
+    for (int f = split; f < 2 * NCH; f += p.S) {
+      float sum[4];
+      for (int sl = 0; sl < p.S; ++sl) {
+        const float4 v = *cluster.map_shared_rank(part + f * kThreads + tid, sl);
+        const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sum[i] = sl == 0 ? vv[i] : __fadd_rn(sum[i], vv[i]);
+      }
+      store_fragment(sum, f / NCH, f % NCH, rowtile, rd, p);
+    }
+    cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
+    return;
+  }
+#endif
   if (p.S > 1) {
     // Partial sums in fragment order: thread tid's float4 of (mt, j) at [tile][split][mt][j][tid],
     // so both the stores here and the reducing loads below are coalesced 16-byte accesses.
@@ -163,6 +248,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
 #pragma unroll
       for (int j = 0; j < NCH; ++j)
         mine[(mt * NCH + j) * kThreads] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+    if (p.flags & 2) return;  // diagnostic: no cross-CTA reduction (output incomplete)
     __threadfence();
     __syncthreads();
     __shared__ int s_last;
@@ -175,42 +261,41 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
     if (!s_last) return;
     __threadfence();
     const float4* tile = p.ws + (size_t)rowtile * p.S * (2 * NCH * kThreads) + tid;
+    // Fixed order: slice 0 + slice 1 + ... whoever reduces (its own slice is read back too, so
+    // the accumulator registers can hold the running sum). Slices are fetched U at a time with
+    // all their loads issued before the first add: ~S/U L2 round trips instead of one per
+    // (slice, fragment).
+    constexpr int U = NCH >= 4 ? 1 : 8 / NCH;
+    for (int s0 = 0; s0 < p.S; s0 += U) {
+      float4 v[U][2][NCH];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+      for (int u = 0; u < U; ++u)
+        if (s0 + u < p.S) {
 #pragma unroll
-      for (int j = 0; j < NCH; ++j) {
-        const int off = (mt * NCH + j) * kThreads;
-        // Fixed order: slice 0 + slice 1 + ... whatever CTA reduces.
-        float4 sum = split == 0 ? make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3])
-                                : __ldcg(tile + off);
-        for (int s = 1; s < p.S; ++s) {
-          const float4 v = s == split ? make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3])
-                                      : __ldcg(tile + (size_t)s * (2 * NCH * kThreads) + off);
-          sum.x = __fadd_rn(sum.x, v.x);
-          sum.y = __fadd_rn(sum.y, v.y);
-          sum.z = __fadd_rn(sum.z, v.z);
-          sum.w = __fadd_rn(sum.w, v.w);
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int j = 0; j < NCH; ++j)
+              v[u][mt][j] = __ldcg(tile + (size_t)(s0 + u) * (2 * NCH * kThreads) + (mt * NCH + j) * kThreads);
         }
-        acc[mt][j][0] = sum.x;
-        acc[mt][j][1] = sum.y;
-        acc[mt][j][2] = sum.z;
-        acc[mt][j][3] = sum.w;
-      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (s0 + u < p.S) {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int j = 0; j < NCH; ++j) {
+              const float vv[4] = {v[u][mt][j].x, v[u][mt][j].y, v[u][mt][j].z, v[u][mt][j].w};
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[mt][j][i] = s0 + u == 0 ? vv[i] : __fadd_rn(acc[mt][j][i], vv[i]);
+            }
+        }
+    }
   }
 
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int j = 0; j < NCH; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int n = rowtile * 128 + warp * 32 + mt * 16 + g + 8 * (i >> 1);
-        const int m = 8 * j + 2 * t + (i & 1);
-        if (n < p.N && m < p.M) {
-          const float v = finish(acc[mt][j][i], n, m, p);
-          p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-        }
-      }
+    for (int j = 0; j < NCH; ++j) store_fragment(acc[mt][j], mt, j, rowtile, rd, p);
 }
 
 template <int NCH, int STAGES>
@@ -227,8 +312,23 @@ cudaError_t launch_one(const KParams& p, int grid, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     configured[dev] = 1;
   }
-  kern<<<grid, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  if (!p.cluster) {
+    kern<<<grid, kThreads, smem, stream>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = p.S;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kern, p);
 }
 
 template <int STAGES>
@@ -247,7 +347,10 @@ int gemm_splits(int N, int K, int target_ctas) {
   const int nt = (N + 127) / 128, kt = (K + 63) / 64;
   if (target_ctas < 1) target_ctas = 1;
   int s = (target_ctas + nt - 1) / nt;
+  // At most 8 slices: the largest portable cluster (the sm_90 reduction path) and a bound on
+  // the partial-sum traffic at M = 64.
   s = s < 1 ? 1 : (s > kt ? kt : s);
+  s = s > kMaxSplits ? kMaxSplits : s;
   const int kper = (kt + s - 1) / s;
   return (kt + kper - 1) / kper;  // no empty slices
 }
@@ -269,17 +372,26 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     return cudaErrorMisalignedAddress;
   const int s = gemm_splits(a.N, a.K, a.target_ctas);
   const int kper = (kt + s - 1) / s;
-  if (s > 1 && (a.workspace == nullptr || a.counters == nullptr)) return cudaErrorInvalidValue;
-  KParams p{a.x, a.records, a.base, a.esc_ptr, a.esc_col, a.esc_val, a.bias, a.y,
-            static_cast<float4*>(a.workspace), a.counters, 0, a.N, kt, s, kper, a.ldx, a.ldy};
+  if (s > 1 && (a.workspace == nullptr || a.counters == nullptr)) return cudaErrorInvalidValue;  // sm_80 path
+  // Cluster reduction where the GPU has clusters (sm_90+); the global ticket path elsewhere.
+  int dev = 0, major = 0;
+  cudaError_t qerr = cudaGetDevice(&dev);
+  if (qerr == cudaSuccess) qerr = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (qerr != cudaSuccess) return qerr;
+  const int cluster = (s > 1 && major >= 9 && !(a.flags & 4)) ? 1 : 0;
+  KParams p{a.x,        a.records, a.base, a.esc_ptr, a.esc_col, a.esc_val, a.bias,    a.y,     static_cast<float4*>(a.workspace),
+            a.counters, 0,         a.N,    kt,        s,         kper,      a.ldx,     a.ldy,   a.flags, cluster};
   // M > 64: 64-token chunks, one launch each; the chunks share the workspace (stream order).
   for (int m0 = 0; m0 < a.M; m0 += kMaxTokens) {
     const int tokens = (a.M - m0) < kMaxTokens ? (a.M - m0) : kMaxTokens;
     p.x = a.x + (int64_t)m0 * a.ldx;
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
-    const cudaError_t err = a.stages == 6 ? launch_stages<6>(p, nt * s, tokens, stream)
-                                          : launch_stages<4>(p, nt * s, tokens, stream);
+    cudaError_t err;
+    switch (a.stages) {
+      case 3: err = launch_stages<3>(p, nt * s, tokens, stream); break;
+      default: err = launch_stages<4>(p, nt * s, tokens, stream); break;
+    }
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -3,44 +3,86 @@
 // Block (segment s, hidden row n) scans the upper bounds U[n][v] of its HEAD_SEG tokens, keeps those
 // with U >= Lmax[n] in a shared-memory list (HEAD_SEG slots: it cannot overflow, so a survivor set
 // of any size, up to the whole vocabulary, is rescored on the device with no host branch), and its
-// warps compute the exact scores with head_exact_dot. The best (score, lowest id) is folded into a
+// warps (or, for <= 4 survivors, the whole block per survivor) compute the exact scores. The best (score, lowest id) is folded into a
 // 64-bit key with atomicMax, which makes the result independent of block and list order; the last
 // block to finish writes the ids and survivor counts.
 //
-// The exact routine (the definition the argmax is exact for): lane l accumulates, for
-// k0 = 8l, 8l + 256, ..., the eight products h'_k w_k (k = k0..k0+7, in order) with FP32 FMAs into
-// one register from 0; the 32 partial sums are combined by an xor butterfly (16, 8, 4, 2, 1);
-// -0 becomes +0. It depends only on (h', w_v, Kpad), never on which tokens survived.
+// The exact routine (the definition the argmax is exact for) is described at exact_dot_warp: FP32
+// FMA chains over fixed k groups, a fixed reduction tree, -0 as +0. It depends only on
+// (h', w_v, Kpad), never on which tokens survived or how many.
 #include "head_common.cuh"
 
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kBlockModeMax = 4;  // up to this many survivors in a block: one block-wide dot each
 
 __device__ __forceinline__ float bf_lo(unsigned x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf_hi(unsigned x) { return __uint_as_float(x & 0xffff0000u); }
 
-__device__ __forceinline__ float head_exact_dot(const uint16_t* __restrict__ wrow, const float* __restrict__ hrow,
-                                                int kpad, int lane) {
-  float acc = 0.f;
-#pragma unroll 4
-  for (int k0 = lane * 8; k0 < kpad; k0 += 256) {
-    const uint4 w = __ldg(reinterpret_cast<const uint4*>(wrow + k0));
-    const float4 a = __ldg(reinterpret_cast<const float4*>(hrow + k0));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(hrow + k0 + 4));
-    acc = __fmaf_rn(a.x, bf_lo(w.x), acc);
-    acc = __fmaf_rn(a.y, bf_hi(w.x), acc);
-    acc = __fmaf_rn(a.z, bf_lo(w.y), acc);
-    acc = __fmaf_rn(a.w, bf_hi(w.y), acc);
-    acc = __fmaf_rn(b.x, bf_lo(w.z), acc);
-    acc = __fmaf_rn(b.y, bf_hi(w.z), acc);
-    acc = __fmaf_rn(b.z, bf_lo(w.w), acc);
-    acc = __fmaf_rn(b.w, bf_hi(w.w), acc);
-  }
+// 8 FMAs of one 16-byte group of weights (k0 .. k0+7, in k order) into acc.
+__device__ __forceinline__ float fma8(const uint16_t* __restrict__ wrow, const float* __restrict__ hrow, int k0,
+                                      float acc) {
+  const uint4 w = __ldg(reinterpret_cast<const uint4*>(wrow + k0));
+  const float4 a = __ldg(reinterpret_cast<const float4*>(hrow + k0));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(hrow + k0 + 4));
+  acc = __fmaf_rn(a.x, bf_lo(w.x), acc);
+  acc = __fmaf_rn(a.y, bf_hi(w.x), acc);
+  acc = __fmaf_rn(a.z, bf_lo(w.y), acc);
+  acc = __fmaf_rn(a.w, bf_hi(w.y), acc);
+  acc = __fmaf_rn(b.x, bf_lo(w.z), acc);
+  acc = __fmaf_rn(b.y, bf_hi(w.z), acc);
+  acc = __fmaf_rn(b.z, bf_lo(w.w), acc);
+  acc = __fmaf_rn(b.w, bf_hi(w.w), acc);
+  return acc;
+}
+
+__device__ __forceinline__ float butterfly(float x) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-  return acc == 0.f ? 0.f : acc;
+  for (int o = 16; o > 0; o >>= 1) x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+__device__ __forceinline__ float canon(float s) { return s == 0.f ? 0.f : s; }  // -0 -> +0
+
+// The exact routine, as 256 virtual lanes: virtual lane t = 32 j + l accumulates the groups
+// k0 = 8 t + 2048 i (i = 0, 1, ...); each virtual warp j is reduced by the xor butterfly; the eight
+// sums are added in order j = 0..7. Two executions give the same bits:
+//  - warp mode (many survivors): one warp, lane l keeps the accumulators of virtual lanes 32 j + l;
+//  - block mode (few survivors): the whole 256-thread block, one virtual lane per thread, so a lone
+//    survivor costs one memory round trip instead of K/256.
+__device__ __forceinline__ float exact_dot_warp(const uint16_t* __restrict__ wrow, const float* __restrict__ hrow,
+                                                int kpad, int lane) {
+  float acc[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+  for (int base = 0; base < kpad; base += 2048) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int k0 = base + 8 * (32 * j + lane);
+      if (k0 < kpad) acc[j] = fma8(wrow, hrow, k0, acc[j]);
+    }
+  }
+  float s = butterfly(acc[0]);
+#pragma unroll
+  for (int j = 1; j < 8; ++j) s = __fadd_rn(s, butterfly(acc[j]));
+  return canon(s);
+}
+
+// Block mode; every thread must call it; red holds 8 floats. Returns the score in every thread.
+__device__ __forceinline__ float exact_dot_block(const uint16_t* __restrict__ wrow, const float* __restrict__ hrow,
+                                                 int kpad, float* red) {
+  float acc = 0.f;
+  for (int k0 = 8 * threadIdx.x; k0 < kpad; k0 += 2048) acc = fma8(wrow, hrow, k0, acc);
+  acc = butterfly(acc);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  float s = red[0];
+#pragma unroll
+  for (int j = 1; j < 8; ++j) s = __fadd_rn(s, red[j]);
+  __syncthreads();  // red is reused by the next call
+  return canon(s);
 }
 
 __device__ __forceinline__ unsigned long long make_key(float s, int v) {
@@ -55,6 +97,7 @@ __global__ void __launch_bounds__(kThreads) head_rescore_kernel(const uint16_t* 
   __shared__ int cnt;
   __shared__ unsigned long long best[kWarps];
   __shared__ bool last;
+  __shared__ float red[kWarps];
   const int n = blockIdx.y, seg0 = blockIdx.x * HEAD_SEG;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) cnt = 0;
@@ -70,11 +113,20 @@ __global__ void __launch_bounds__(kThreads) head_rescore_kernel(const uint16_t* 
   const int total = cnt;
   unsigned long long mine = 0ull;
   const float* hrow = ws.hp + static_cast<size_t>(n) * kpad;
-  for (int it = warp; it < total; it += kWarps) {
-    const int vv = list[it];
-    const float s = head_exact_dot(w + static_cast<size_t>(vv) * kpad, hrow, kpad, lane);
-    const unsigned long long key = make_key(s, vv);
-    mine = key > mine ? key : mine;
+  if (total <= kBlockModeMax) {
+    for (int it = 0; it < total; ++it) {
+      const int vv = list[it];
+      const float s = exact_dot_block(w + static_cast<size_t>(vv) * kpad, hrow, kpad, red);
+      const unsigned long long key = make_key(s, vv);
+      mine = key > mine ? key : mine;
+    }
+  } else {
+    for (int it = warp; it < total; it += kWarps) {
+      const int vv = list[it];
+      const float s = exact_dot_warp(w + static_cast<size_t>(vv) * kpad, hrow, kpad, lane);
+      const unsigned long long key = make_key(s, vv);
+      mine = key > mine ? key : mine;
+    }
   }
   if (lane == 0) best[warp] = mine;
   __syncthreads();
@@ -105,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) head_exact_all_kernel(const uint16_t
   const int n = blockIdx.y, lane = threadIdx.x & 31;
   const int vv = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (vv >= v) return;
-  const float s = head_exact_dot(w + static_cast<size_t>(vv) * kpad, ws.hp + static_cast<size_t>(n) * kpad, kpad, lane);
+  const float s = exact_dot_warp(w + static_cast<size_t>(vv) * kpad, ws.hp + static_cast<size_t>(n) * kpad, kpad, lane);
   if (lane == 0) out[static_cast<size_t>(n) * v + vv] = s;
 }
 

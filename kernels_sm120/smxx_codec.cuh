@@ -52,7 +52,10 @@ cudaError_t launch_encode_write(const uint16_t* w, int64_t mats, int n, int k, c
                                 cudaStream_t stream);
 cudaError_t launch_decode(const uint8_t* records, const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
                           const int16_t* esc_val, int64_t nnz, int64_t mats, int n, int k, bool eight_bit,
-                          uint16_t* out, cudaStream_t stream);
+                          uint16_t* out, cudaStream_t stream, int variant = -1);
+// Decode kernel variant used when the caller passes variant < 0 (codec_decode_sm120.cu says what
+// each variant is; the bench times both).
+constexpr int kDefaultDecodeVariant = 1;
 cudaError_t launch_permute_records(const uint8_t* src, uint8_t* dst, int64_t num_records, const int16_t* gather,
                                    cudaStream_t stream);
 

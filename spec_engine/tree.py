@@ -161,14 +161,16 @@ class TreeBatch:
 def _pad_stack(rows: list[tuple], n: int, device) -> TreeBatch:
     """Stack per-request (tokens, parents, depths, scores) tensors, padding each to n nodes."""
     out = {k: [] for k in ("tokens", "parents", "depths", "scores", "valid")}
-    for tok, par, dep, sc in rows:
+    for row in rows:
+        tok, par, dep, sc = row[:4]
         m = int(tok.shape[0])
         pad = n - m
+        ok = row[4] if len(row) > 4 else torch.ones(m, dtype=torch.bool, device=device)
         out["tokens"].append(torch.cat([tok, torch.zeros(pad, dtype=torch.long, device=device)]))
         out["parents"].append(torch.cat([par, torch.full((pad,), -1, dtype=torch.long, device=device)]))
         out["depths"].append(torch.cat([dep, torch.ones(pad, dtype=torch.long, device=device)]))
         out["scores"].append(torch.cat([sc.float(), torch.full((pad,), -math.inf, device=device)]))
-        out["valid"].append(torch.arange(n, device=device) < m)
+        out["valid"].append(torch.cat([ok, torch.zeros(pad, dtype=torch.bool, device=device)]))
     return TreeBatch(**{k: torch.stack(v) for k, v in out.items()})
 
 
@@ -238,7 +240,7 @@ class ChainTree(TreeShape):
         L = self.length
         if lat.size == 0:
             z = torch.zeros(0, dtype=torch.long, device=dev)
-            return z, z.clone(), z.clone(), torch.zeros(0, device=dev)
+            return z, z.clone(), z.clone(), torch.zeros(0, device=dev), torch.zeros(0, dtype=torch.bool, device=dev)
         cur = torch.tensor(-1, device=dev)
         alive = torch.tensor(True, device=dev)
         picks, oks = [], []
@@ -255,9 +257,8 @@ class ChainTree(TreeShape):
         k = idx.shape[0]
         tok = torch.where(ok, lat.tokens[idx], 0)
         par = torch.arange(k, device=dev) - 1
-        return tok, torch.where(ok, par, -1), torch.where(ok, torch.arange(1, k + 1, device=dev), 1), _mask_scores(
-            lat.scores[idx], ok
-        )
+        dep = torch.where(ok, torch.arange(1, k + 1, device=dev), 1)
+        return tok, torch.where(ok, par, -1), dep, _mask_scores(lat.scores[idx], ok), ok
 
 
 def _mask_scores(scores, ok):

@@ -158,7 +158,11 @@ def test_check_linear_inputs_accepts_good(rng):
         (lambda a: a.__setitem__(1, a[1][:1]), ValueError, "records has shape"),
         (lambda a: a.__setitem__(2, a[2][:-1]), ValueError, "base"),
         (lambda a: a.__setitem__(3, a[3].long()), TypeError, "esc_ptr"),
-        (lambda a: a.__setitem__(5, a[5][:0] if a[5].numel() else torch.zeros(1, dtype=torch.int16)), ValueError, "esc_col"),
+        (
+            lambda a: a.__setitem__(5, a[5][:0] if a[5].numel() else torch.zeros(1, dtype=torch.int16)),
+            ValueError,
+            "esc_col",
+        ),
         (lambda a: a.__setitem__(8, torch.zeros(3)), ValueError, "bias"),
         (lambda a: a.__setitem__(8, torch.zeros(a[6], dtype=torch.int32)), TypeError, "bias"),
         (lambda a: a.__setitem__(9, torch.device("meta")), ValueError, "expected meta"),

@@ -63,11 +63,12 @@ SPECIALS = torch.tensor(
 
 def escapes_everywhere(gen) -> torch.Tensor:
     """Escapes (zeros, subnormals, inf, NaN) planted so that every (row, col) slot of a record holds
-    one somewhere: K-tile j gets the slots with (r + c) % 3 == j, for two row tiles."""
-    x = realistic((256, 192), gen).view(torch.int16).clone()
+    one somewhere: K-tile j gets the slots with (r + c) % 3 == j % 3, for two row tiles and nine
+    K tiles (wider than the decoder's 512-column thread groups)."""
+    x = realistic((256, 576), gen).view(torch.int16).clone()
     r = torch.arange(256).unsqueeze(1) % 128
-    c = torch.arange(192).unsqueeze(0)
-    mask = (r + c % 64) % 3 == c // 64
+    c = torch.arange(576).unsqueeze(0)
+    mask = (r + c % 64) % 3 == (c // 64) % 3
     x[mask] = SPECIALS[torch.randint(0, SPECIALS.numel(), (int(mask.sum()),), generator=gen)]
     return x.view(torch.bfloat16)
 
@@ -214,11 +215,12 @@ def test_unpack_matches_reference(kernels, rng, shape, eight_bit):
     ref = reference.encode(x)
     n, k = shape[-2], shape[-1]
     want = reference.decode(*(ref[p] for p in PARTS), n, k, 0, eight_bit)
-    poison_allocator()
-    got = cuda_codec.unpack(*(ref[p].cuda() for p in PARTS), n, k, 0, eight_bit)
-    assert_equal_bits(got, want, f"unpack {shape} eight_bit={eight_bit}")
-    if not eight_bit:
-        assert_equal_bits(got, x, f"unpack {shape} is lossless")
+    for variant in (-1, 0, 1):  # the library's default and each decode kernel variant
+        poison_allocator()
+        got = cuda_codec.unpack(*(ref[p].cuda() for p in PARTS), n, k, 0, eight_bit, _variant=variant)
+        assert_equal_bits(got, want, f"unpack {shape} eight_bit={eight_bit} variant={variant}")
+        if not eight_bit:
+            assert_equal_bits(got, x, f"unpack {shape} is lossless")
 
 
 @gpu
@@ -227,8 +229,9 @@ def test_unpack_8bit_adversarial(kernels, rng, make):
     x = make(rng)
     ref = reference.encode(x)
     want = reference.decode(*(ref[p] for p in PARTS), *x.shape, 0, True)
-    got = cuda_codec.unpack(*(ref[p].cuda() for p in PARTS), *x.shape, 0, True)
-    assert_equal_bits(got, want, f"8-bit view of {make.__name__}")
+    for variant in (0, 1):
+        got = cuda_codec.unpack(*(ref[p].cuda() for p in PARTS), *x.shape, 0, True, _variant=variant)
+        assert_equal_bits(got, want, f"8-bit view of {make.__name__}, variant {variant}")
 
 
 # -- layouts --------------------------------------------------------------------------------------
@@ -316,6 +319,11 @@ def test_cpu_tensors_are_refused_with_a_clear_message():
                           torch.zeros(0, dtype=torch.int16), 4, 64)  # fmt: skip
     with pytest.raises(ValueError, match="records must be a CUDA tensor"):
         cuda_codec.convert_layout(rec, 0, 0)
+
+
+def test_unpack_op_has_a_cuda_kernel():
+    # registered at import (w12.ops imports w12.cuda_codec), without loading the library
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("w12::unpack", "CUDA")
 
 
 def test_import_does_not_initialise_cuda():

@@ -144,6 +144,7 @@ class SafetensorsFile:
     """One safetensors file: a validated header and tensor reads by name."""
 
     def __init__(self, path):
+        self._fd: int | None = None
         self.path = Path(path)
         try:
             size = self.path.stat().st_size
@@ -175,7 +176,6 @@ class SafetensorsFile:
         for name, entry in header.items():
             self.tensors[name] = self._parse_entry(name, entry)
         self._check_layout()
-        self._fd: int | None = None
 
     def _parse_entry(self, name: str, entry) -> TensorInfo:
         where = f"{self.path}: tensor {name!r}"

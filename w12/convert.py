@@ -445,6 +445,8 @@ def verify(src, dst, progress: bool = True) -> VerifyResult:
             + ("in SRC but missing from DST" if missing else "in DST but not in SRC")
             + f" ({len(missing)} missing, {len(extra)} extra)"
         )
+        source.close()
+        ck.close()
         return res
     total = sum(source.info(n).numel for n in src_names)
     bar = tqdm(total=total, unit="w", unit_scale=True, desc="verify", disable=not progress)
@@ -664,4 +666,38 @@ def restore(dst, out, force: bool = False, progress: bool = True) -> RestoreSumm
         bar.close()
         ck.close()
     res.seconds = time.perf_counter() - t0
+    return res
+
+
+def compare_plain(a, b, progress: bool = False) -> VerifyResult:
+    """Compares two plain checkpoints tensor by tensor, byte for byte (e.g. a source and its restore)."""
+    t0 = time.perf_counter()
+    fa, fb = open_folder(a), open_folder(b)
+    res = VerifyResult(ok=True)
+    try:
+        na, nb = fa.tensor_names(), fb.tensor_names()
+        if sorted(na) != sorted(nb):
+            diff = sorted(set(na) ^ set(nb))
+            res.ok, res.mismatch = False, {"tensor": diff[0], "problem": "names"}
+            res.message = f"tensor {diff[0]!r} is in only one of {a} and {b} ({len(diff)} such tensors)"
+            return res
+        for name in tqdm(na, desc="compare", disable=not progress):
+            ia, ib = fa.info(name), fb.info(name)
+            if (ia.dtype, ia.shape) != (ib.dtype, ib.shape):
+                res.ok, res.mismatch = False, {"tensor": name, "problem": "dtype/shape"}
+                res.message = f"{name}: {ia.dtype} {list(ia.shape)} vs {ib.dtype} {list(ib.shape)}"
+                return res
+            x, y = fa.read(name).reshape(-1).view(torch.uint8), fb.read(name).reshape(-1).view(torch.uint8)
+            if not torch.equal(x, y):
+                i = int((x != y).nonzero()[0, 0])
+                res.ok, res.mismatch = False, {"tensor": name, "byte": i}
+                res.message = f"{fb.file_of(name).path}: {name}: differs from {fa.file_of(name).path} at byte {i}"
+                return res
+            res.tensors_checked += 1
+            res.weights_checked += ia.numel
+    finally:
+        fa.close()
+        fb.close()
+    res.seconds = time.perf_counter() - t0
+    res.message = f"OK: {res.tensors_checked} tensors, {res.weights_checked:,} weights bit-identical"
     return res

@@ -223,8 +223,14 @@ def unpack(
     k: int,
     layout: int = 0,
     eight_bit: bool = False,
+    *,
+    _variant: int = -1,
 ) -> torch.Tensor:
-    """Decodes CUDA W12 tensors to BF16 ``[..., N, K]`` (exact, or the 8-bit view). No host sync."""
+    """Decodes CUDA W12 tensors to BF16 ``[..., N, K]`` (exact, or the 8-bit view). No host sync.
+
+    ``_variant`` forces one of the decode kernel's variants (0 or 1; see codec_decode_sm120.cu) for
+    benchmarking; the default lets the library choose.
+    """
     what = "w12 CUDA unpack"
     _require(what, "records", records, torch.uint8)
     dev = records.device
@@ -276,6 +282,7 @@ def unpack(
             int(bool(eight_bit)),
             _ptr(out),
             _stream(dev),
+            int(_variant),
         )
     return out
 

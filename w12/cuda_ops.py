@@ -9,7 +9,7 @@ defines Python functions only: no library load, no CUDA initialisation.
 Settings (environment, read on each call):
   ``W12_GEMM_CTAS_PER_SM`` (default 2): the K-split aims at this many CTAs per SM. The split is a
       function of (N, K, SM count, this value) only, never of M.
-  ``W12_GEMM_STAGES`` (default 4; 4 or 6): depth of the kernel's async-copy ring.
+  ``W12_GEMM_STAGES`` (default 3; 3 or 4): depth of the kernel's async-copy ring.
   ``W12_GEMM_FALLBACK_M`` (default 192): above this many token rows the op decodes the weight
       and calls cuBLAS instead of running the fused kernel in 64-row passes.
 """
@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812
 
 from . import layouts
 from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
@@ -31,7 +31,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 1
+_GEMM_ABI = 2
 
 
 def library_path() -> Path:
@@ -94,7 +94,7 @@ def _gemm_lib() -> ctypes.CDLL:
         )
     so.w12_gemm.restype = _INT
     so.w12_gemm.argtypes = [_VP, _I64, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _I64, _INT, _INT, _INT, _VP, _VP]
-    so.w12_gemm.argtypes += [_INT, _INT, _VP]
+    so.w12_gemm.argtypes += [_INT, _INT, _INT, _VP]
     so.w12_gemm_workspace_bytes.restype = _I64
     so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT]
     so.w12_gemm_splits.restype = _INT
@@ -144,7 +144,7 @@ def _env_int(name: str, default: int, allowed=None) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
     if allowed is not None and val not in allowed:
         raise ValueError(f"{name}={val} must be one of {sorted(allowed)}")
-    if val < 1:
+    if allowed is None and val < 1:
         raise ValueError(f"{name}={val} must be >= 1")
     return val
 
@@ -204,7 +204,9 @@ def check_linear_inputs(x, records, base, esc_ptr, esc_col, esc_val, n: int, k: 
         raise ValueError(
             f"w12.linear: x (shape {tuple(x.shape)}, strides {x.stride()}) must be contiguous; call x.contiguous()"
         )
-    tensors = dict(zip(("records", "base", "esc_ptr", "esc_col", "esc_val"), (records, base, esc_ptr, esc_col, esc_val)))
+    tensors = dict(
+        zip(("records", "base", "esc_ptr", "esc_col", "esc_val"), (records, base, esc_ptr, esc_col, esc_val))
+    )
     for name, t in (("x", x), *tensors.items(), *((("bias", bias),) if bias is not None else ())):
         if t.device != device:
             raise ValueError(f"w12.linear: {name} is on {t.device}, expected {device} (all inputs on one device)")
@@ -253,6 +255,17 @@ def _reference_linear(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout,
     return F.linear(x, w.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
+def _permute(records, src: int, dst: int):
+    from . import cuda_codec
+
+    if hasattr(cuda_codec, "convert_layout") and cuda_codec.available():
+        try:
+            return cuda_codec.convert_layout(records, src, dst)  # the codec's GPU permutation kernel
+        except RuntimeError:
+            pass  # a library without the codec kernels: the torch gather below is equivalent
+    return convert_layout(records, src, dst)
+
+
 @torch.library.register_kernel("w12::linear", "cuda")
 def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias):
     if not available():
@@ -274,7 +287,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
             f"w12.linear: records in layout {layout}, the CUDA GEMM reads layout {layouts.MMA_SYNC_LAYOUT}; "
             "permuting on every call (store them with W12Weight.with_layout(w12.cuda_ops.preferred_layout()))",
         )
-        records = convert_layout(records, layout, layouts.MMA_SYNC_LAYOUT)
+        records = _permute(records, layout, layouts.MMA_SYNC_LAYOUT)
     if m > _env_int("W12_GEMM_FALLBACK_M", 192):
         # Prefill: decode once and let cuBLAS run the GEMM (documented in docs/perf-notes.md).
         w = torch.ops.w12.unpack(records, base, esc_ptr, esc_col, esc_val, n, k, layouts.MMA_SYNC_LAYOUT, False)
@@ -286,7 +299,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
     y = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     tgt = sm * _env_int("W12_GEMM_CTAS_PER_SM", 2)
-    stages = _env_int("W12_GEMM_STAGES", 4, allowed={4, 6})
+    stages = _env_int("W12_GEMM_STAGES", 3, allowed={3, 4})
     ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt))
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     stream = torch.cuda.current_stream(device)
@@ -309,6 +322,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
         None if counters is None else counters.data_ptr(),
         tgt,
         stages,
+        _env_int("W12_GEMM_DIAG", 0, allowed=set(range(8))) if "W12_GEMM_DIAG" in os.environ else 0,
         stream.cuda_stream,
     )
     if code != 0:

@@ -9,9 +9,8 @@ whole vocabulary; docs/certified_head.md derives the bound. In short, for a hidd
 
 * ``h' = 2^-e h`` with ``max|h'| ∈ [1/2, 1)`` (a power of two, so argmax and rounding are unchanged
   barring underflow; it keeps every FP32 value far from overflow, whatever the norm of ``h``).
-* The exact routine: ``s_v = fl32(Σ_k h'_k w_vk)`` in a fixed order (here: FP32 products summed
-  pairwise over a power-of-two padding of K; the GPU kernel: per-lane FMA chains + a fixed shuffle
-  tree). Any order obeys ``|s_v − h'·w_v| ≤ γ_K Σ|h'_k w_vk| ≤ γ_K ‖h'‖ ‖w_v‖ (+ δ for underflow)``,
+* The exact routine: ``s_v = fl32(Σ_k h'_k w_vk)`` in a fixed order (here: FP32 products added in
+  k order; the GPU kernel: per-lane FMA chains + a fixed shuffle tree). Any order obeys ``|s_v − h'·w_v| ≤ γ_K Σ|h'_k w_vk| ≤ γ_K ‖h'‖ ‖w_v‖ (+ δ for underflow)``,
   ``γ_K = K u / (1 − K u)``, ``u = 2^-24``.
 * The cheap pass quantises ``h'`` to 16-bit integers ``p = rint(2^15 h')`` split into two INT8 digits,
   so ``J_v = Σ p_k q_vk`` is an exact integer (tensor cores on the GPU, FP64 here) and
@@ -96,24 +95,22 @@ def prepare_hidden(h: torch.Tensor, k_pad: int | None = None):
 def exact_dot(hp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The CPU exact routine: ``fl32(Σ_k hp_k w_vk)`` for hp ``[M, K]`` fp32, w ``[n, K]``.
 
-    Products rounded to FP32 and summed pairwise over K padded with zeros to a power of two
-    (first half + second half, recursively). Every step is an elementwise IEEE operation, so the
+    Recursive summation in k order, each product rounded to FP32 and then added (two roundings,
+    no FMA). Every step is one elementwise IEEE operation over the ``[M, n]`` accumulator, so the
     score of a row never depends on which other rows are scored with it. -0 is returned as +0.
     """
     m, k = hp.shape
-    kp = 1 << max(0, (k - 1).bit_length())
-    wf = w.to(torch.float32)
-    if kp != k:
-        hp = torch.nn.functional.pad(hp, (0, kp - k))
-        wf = torch.nn.functional.pad(wf, (0, kp - k))
     out = torch.empty(m, w.shape[0], dtype=torch.float32, device=hp.device)
-    step = max(1, (1 << 24) // (m * kp))
+    step = max(1, (1 << 22) // max(1, m))
+    ht = hp.T.contiguous()
     for r0 in range(0, w.shape[0], step):
-        x = hp[:, None, :] * wf[None, r0 : r0 + step, :]
-        while x.shape[-1] > 1:
-            half = x.shape[-1] // 2
-            x = x[..., :half] + x[..., half:]
-        out[:, r0 : r0 + step] = x[..., 0] + 0.0
+        wt = w[r0 : r0 + step].to(torch.float32).T.contiguous()  # [K, n]: one contiguous row per step
+        acc = torch.zeros(m, wt.shape[1], dtype=torch.float32, device=hp.device)
+        prod = torch.empty_like(acc)
+        for kk in range(k):
+            torch.mul(ht[kk][:, None], wt[kk][None, :], out=prod)
+            acc.add_(prod)
+        out[:, r0 : r0 + step] = acc + 0.0
     return out
 
 
@@ -122,7 +119,8 @@ def _quantise_rows(w: torch.Tensor, qmax: int, chunk_rows: int):
     v, k = w.shape
     k_pad = -(-k // KPAD) * KPAD
     g = gamma(k_pad)
-    q = torch.empty(v, k, dtype=torch.int8, device=w.device)
+    # Stored padded to the GPU kernels' tiles ([V/16] x [K/64], zeros), so one copy serves both paths.
+    q = torch.zeros(-(-v // 16) * 16, k_pad, dtype=torch.int8, device=w.device)
     scale = torch.empty(v, dtype=torch.float32, device=w.device)
     rho = torch.empty(v, dtype=torch.float32, device=w.device)
     qnorm = torch.empty(v, dtype=torch.float32, device=w.device)
@@ -138,7 +136,7 @@ def _quantise_rows(w: torch.Tensor, qmax: int, chunk_rows: int):
         rho[r0 : r0 + chunk_rows] = _f32_up((r.double() + g * wn.double()) * (1.0 + 2.0**-50))
         qnorm[r0 : r0 + chunk_rows] = _norm_up(what)
         scale[r0 : r0 + chunk_rows] = a
-        q[r0 : r0 + chunk_rows] = qq.to(torch.int8)
+        q[r0 : r0 + qq.shape[0], :k] = qq.to(torch.int8)
     return q, scale, rho, qnorm
 
 
@@ -179,7 +177,9 @@ class CertifiedHead:
                 raise ValueError(f"CertifiedHead: the W12 weight must be 2-D [V, K], got {list(weight.shape)}")
             weight = unpack(weight)
         if not isinstance(weight, torch.Tensor):
-            raise TypeError(f"CertifiedHead: weight must be a bfloat16 tensor or W12Weight, got {type(weight).__name__}")
+            raise TypeError(
+                f"CertifiedHead: weight must be a bfloat16 tensor or W12Weight, got {type(weight).__name__}"
+            )
         if weight.dtype != torch.bfloat16 or weight.dim() != 2:
             raise ValueError(
                 f"CertifiedHead: weight must be a 2-D bfloat16 tensor [V, K], got {weight.dtype} {list(weight.shape)}"
@@ -214,8 +214,8 @@ class CertifiedHead:
 
     @property
     def nbytes_screen(self) -> int:
-        """Bytes the screening pass streams (INT8 codes + row constants)."""
-        return self.q.numel() + 16 * self.vocab_size
+        """Bytes the screening pass streams (padded INT8 codes + 16 bytes of row constants a row)."""
+        return self.q.numel() + 16 * self.q.shape[0]
 
     def to(self, device) -> CertifiedHead:
         new = object.__new__(CertifiedHead)
@@ -254,11 +254,12 @@ class CertifiedHead:
         return self._bounds(self._hidden(h))
 
     def _bounds(self, h: torch.Tensor):
-        hp, p, hn, rh, _ = prepare_hidden(h, self.weight.shape[1])
+        hp, p, hn, rh, _ = prepare_hidden(h, self.k_pad)
         chat = torch.empty(h.shape[0], self.vocab_size, dtype=torch.float32, device=h.device)
         step = max(1, (1 << 24) // max(1, self.weight.shape[1]))
         for r0 in range(0, self.vocab_size, step):
-            j = p @ self.q[r0 : r0 + step].to(torch.float64).T  # integers < 2^53: exact in any order
+            # integers below 2^53 at every step: exact in FP64 whatever order the BLAS sums in
+            j = p @ self.q[r0 : min(r0 + step, self.vocab_size)].to(torch.float64).T
             chat[:, r0 : r0 + step] = (j.to(torch.float32) * self.scale[r0 : r0 + step]) * 2.0**-HSCALE_BITS
         c64 = chat.double()
         b64 = (

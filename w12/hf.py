@@ -207,19 +207,23 @@ def _replace_linears_on_meta(model, files) -> int:
             raise W12FormatError(f"{name}: layout {info.get('layout')} on disk; a v1 checkpoint is always layout 0")
         target = _resolve_module_name(model, name, names, conversions, meta_state_dict)
         module = model.get_submodule(target) if target is not None else None
+        key = f"{stem}.w12_esc_col"
+        if key not in shapes:
+            raise W12FormatError(f"{name}: tensor {key} is listed in w12_tensors but is not in any shard")
+        param = getattr(module, "weight", None) if name.endswith(".weight") else None
+        if not isinstance(module, nn.Linear) and isinstance(param, nn.Parameter) and tuple(param.shape) == shape:
+            _decode_on_load(model, target, module, shape, shapes[key][0])
+            continue
         if not isinstance(module, nn.Linear):
-            what = "no such module" if module is None else f"a {type(module).__name__}, not an nn.Linear"
+            what = "no such module" if module is None else f"a {type(module).__name__} without a matching weight"
             raise W12FormatError(
-                f"{name}: {what} in {type(model).__name__}; the Transformers loader converts nn.Linear "
-                "weights only (3-D expert stacks are not supported yet)"
+                f"{name}: {what} in {type(model).__name__}; the Transformers loader reads W12 weights of modules "
+                "(3-D expert stacks that Transformers merges from per-expert checkpoint tensors are not supported yet)"
             )
         if len(shape) != 2 or shape != (module.out_features, module.in_features):
             raise W12FormatError(
                 f"{name}: checkpoint shape {list(shape)}, model expects [{module.out_features}, {module.in_features}]"
             )
-        key = f"{stem}.w12_esc_col"
-        if key not in shapes:
-            raise W12FormatError(f"{name}: tensor {key} is listed in w12_tensors but is not in any shard")
         new = W12Linear(
             module.in_features,
             module.out_features,
@@ -233,9 +237,57 @@ def _replace_linears_on_meta(model, files) -> int:
     return len(entries)
 
 
+def _decode_on_load(model, path: str, module, shape: tuple, nnz: int) -> None:
+    """A W12 weight of a module that is not an ``nn.Linear`` (an embedding table, an MoE router):
+    its five tensors load into buffers on the module and are decoded into its BF16 ``weight``
+    once loaded (exact; that weight is used as a plain tensor by its module)."""
+    import re
+
+    from .format import RECORD_BYTES, TENSOR_SUFFIXES, TILE_K, TILE_N, ceil_div
+    from .weight import _DTYPES
+
+    *batch, n, k = shape
+    rows = n
+    for b in batch:
+        rows *= b
+    want = {
+        "w12_records": (*batch, ceil_div(n, TILE_N), ceil_div(k, TILE_K), RECORD_BYTES),
+        "w12_base": (rows,),
+        "w12_esc_ptr": (rows + 1,),
+        "w12_esc_col": (nnz,),
+        "w12_esc_val": (nnz,),
+    }
+    for suffix in TENSOR_SUFFIXES:
+        module.register_buffer(suffix, torch.empty(want[suffix], dtype=_DTYPES[suffix], device="meta"))
+    pending = model.__dict__.setdefault("_w12_decode_on_load", [])
+    pending.append((path, shape))
+    # The BF16 weight is absent from the checkpoint on purpose: no "newly initialized" warning.
+    names = {f"{path}.weight"}
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    names |= {a for a, b in tied.items() if b in names} | {b for a, b in tied.items() if a in names}
+    ignore = set(model._keys_to_ignore_on_load_missing or [])
+    model._keys_to_ignore_on_load_missing = ignore | {"^" + re.escape(n) + "$" for n in names}
+
+
 def _finish_loaded(model) -> None:
+    from .format import TENSOR_SUFFIXES
     from .nn import W12Linear
-    from .weight import W12FormatError
+    from .weight import W12FormatError, W12Weight
+
+    for path, shape in model.__dict__.pop("_w12_decode_on_load", []):
+        module = model.get_submodule(path)
+        parts = []
+        for suffix in TENSOR_SUFFIXES:
+            buf = module._buffers.pop(suffix)
+            if buf.device.type == "meta" or not getattr(buf, "_is_hf_initialized", False):
+                raise W12FormatError(f"{path}.{suffix} is missing from the checkpoint")
+            parts.append(buf)
+        w = W12Weight(*parts, shape=shape, layout=0)
+        w.check_escapes(f"{path}.weight")
+        from .codec import unpack
+
+        with torch.no_grad():
+            module.weight.data.copy_(unpack(w).to(module.weight.device))  # in place: keeps any tie
 
     for name, m in model.named_modules():
         if isinstance(m, W12Linear):
@@ -304,29 +356,74 @@ def _rewrite_metadata(path, update) -> None:
     os.replace(tmp, path)
 
 
+def _regroup_split_weights(folder, shard_keys: dict, entries: dict) -> None:
+    """Moves W12 tensors that Transformers' size-based sharding put apart back beside their
+    ``w12_records``, so each shard holds whole weights (``w12 verify`` reads shards one by one)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from .format import TENSOR_SUFFIXES
+
+    where = {k: shard for shard, keys in shard_keys.items() for k in keys}
+    moves: dict[str, str] = {}  # tensor -> destination shard
+    for name in entries:
+        stem = _stem(name)
+        home = where.get(f"{stem}.w12_records")
+        for suffix in TENSOR_SUFFIXES[1:]:
+            key = f"{stem}.{suffix}"
+            if home is not None and where.get(key) not in (None, home):
+                moves[key] = home
+    if not moves:
+        return
+    touched = sorted({where[k] for k in moves} | set(moves.values()))
+    loaded = {shard: load_file(str(Path(folder) / shard)) for shard in touched}
+    for key, dst in moves.items():
+        loaded[dst][key] = loaded[where[key]].pop(key)
+    for shard in touched:
+        path = Path(folder) / shard
+        with safe_open(str(path), framework="pt") as fh:
+            md = fh.metadata() or {}
+        tmp = path.with_name(path.name + ".w12tmp")
+        save_file(loaded[shard], str(tmp), metadata=md)
+        tmp.replace(path)
+        shard_keys[shard] = set(loaded[shard])
+    index_path = Path(folder) / "model.safetensors.index.json"
+    if index_path.exists():
+        index = json.loads(index_path.read_text())
+        index.setdefault("weight_map", {}).update(moves)
+        index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
 def finalize_saved_folder(folder) -> None:
-    """Makes every shard of a folder written by ``save_pretrained`` carry exactly its own
-    ``w12_tensors`` entries and ``format: w12`` (Transformers writes one metadata dict to all
-    shards, and would stamp ``format: pt``)."""
+    """Makes a folder written by ``save_pretrained`` a W12 container to the letter of format §6:
+    each shard carries ``format: w12`` and exactly its own ``w12_tensors`` entries, and holds all
+    five tensors of each of them (Transformers writes one metadata dict to every shard, stamps
+    ``format: pt`` and splits shards by size alone)."""
     from pathlib import Path
 
     from safetensors import safe_open
 
+    shard_keys, entries = {}, {}
     for path in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as fh:
             md = fh.metadata() or {}
-            keys = set(fh.keys())
-        if "w12_tensors" not in md:
-            continue
-        full = json.loads(md["w12_tensors"])
-        own = {k: v for k, v in full.items() if f"{_stem(k)}.w12_records" in keys}
+            shard_keys[path.name] = set(fh.keys())
+        if "w12_tensors" in md:
+            entries.update(json.loads(md["w12_tensors"]))
+    if not entries:
+        return
+    _regroup_split_weights(folder, shard_keys, entries)
+    for shard, keys in shard_keys.items():
+        own = {k: v for k, v in entries.items() if f"{_stem(k)}.w12_records" in keys}
 
         def update(m, own=own):
             m.update(format=QUANT_METHOD, w12_version=str(FORMAT_VERSION))
             m["w12_tensors"] = json.dumps(own)
             return m
 
-        _rewrite_metadata(str(path), update)
+        _rewrite_metadata(str(Path(folder) / shard), update)
 
 
 def _save_pretrained_w12(self, save_directory, *args, **kwargs):
@@ -372,7 +469,10 @@ def _build_classes() -> dict:
     class W12Config(QuantizationConfigMixin):
         """``quantization_config`` of a W12 folder: ``{"quant_method": "w12", "version": 1}``."""
 
-        def __init__(self, version: int = FORMAT_VERSION, quant_method: str = QUANT_METHOD, layout: int = 0, **kwargs):
+        def __init__(self, version: int = FORMAT_VERSION, quant_method: str = QUANT_METHOD, layout: int = 0, **extra):
+            # ``extra``: what the converter records about the conversion (e.g. ``embeddings``, ``cast``);
+            # kept so a re-saved config still says it.
+            self.extra = dict(extra)
             if int(layout) != 0:
                 raise ValueError(f"W12Config: a W12 v1 folder is always layout 0 on disk, got layout {layout!r}")
             if quant_method != QUANT_METHOD:
@@ -385,7 +485,7 @@ def _build_classes() -> dict:
             self.version = int(version)
 
         def to_dict(self) -> dict:
-            return {"quant_method": QUANT_METHOD, "version": self.version}
+            return {"quant_method": QUANT_METHOD, "version": self.version, "layout": 0, **self.extra}
 
     class W12HfQuantizer(HfQuantizer):
         """Loads W12 folders into ``W12Linear`` modules; writes them from patched models."""

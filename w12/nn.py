@@ -49,6 +49,20 @@ def _kernel_layout(device: torch.device, n: int, k: int) -> int:
     return int(preferred(**{name: offered[name] for name in params if name in offered}))
 
 
+def _convert_layout(records: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+    """Permutes records between layouts: the codec's GPU kernel on CUDA when it is built, else the
+    torch gather of ``w12.format`` (same bytes either way)."""
+    if records.is_cuda:
+        from . import cuda_codec
+
+        if hasattr(cuda_codec, "convert_layout") and cuda_codec.available():
+            try:
+                return cuda_codec.convert_layout(records, src, dst)
+            except RuntimeError:
+                pass  # a kernel library without the permutation kernel: the gather below is equivalent
+    return convert_layout(records, src, dst)
+
+
 class W12Linear(nn.Module):
     """``y = x @ W^T + b`` with ``W`` ([out_features, in_features], BF16) stored losslessly in W12.
 
@@ -185,7 +199,7 @@ class W12Linear(nn.Module):
     # -- device layout --------------------------------------------------------------------
     def _to_layout(self, layout: int) -> None:
         if layout != self.layout and self.w12_records.device.type != "meta":
-            self._buffers["w12_records"] = convert_layout(self.w12_records, self.layout, layout)
+            self._buffers["w12_records"] = _convert_layout(self.w12_records, self.layout, layout)
             self.layout = int(layout)
 
     def _w12_prepare_for_device(self) -> None:
@@ -206,7 +220,7 @@ class W12Linear(nn.Module):
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.layout != 0 and self.w12_records.device.type != "meta":
-            records = convert_layout(self.w12_records, self.layout, 0)
+            records = _convert_layout(self.w12_records, self.layout, 0)
             destination[prefix + "w12_records"] = records if keep_vars else records.detach()
         for suffix in ("w12_esc_col", "w12_esc_val"):
             destination[prefix + suffix] = _nonaliased_empty(destination[prefix + suffix])

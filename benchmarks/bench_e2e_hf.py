@@ -1,0 +1,445 @@
+"""End-to-end decode speed of W12 vs BF16 in Hugging Face Transformers (static cache, CUDA graphs).
+
+One Llama-3.1-8B-configured model with random BF16 weights (std 0.02) is measured as BF16, then
+patched in place with ``w12.patch`` and measured again, so both sides hold the same weights and
+run the same code except the linear layers. For each batch size:
+
+* ``step_ms`` (the headline): one greedy decode step (forward + argmax) compiled with
+  ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) on a ``StaticCache``, timed over
+  ``--new-tokens`` consecutive steps after a 512-token prefill; tokens/s = batch / step time.
+* ``step_ms_uncompiled`` (``--uncompiled-graph``): the same step, eager, captured once into a
+  ``torch.cuda.CUDAGraph`` and replayed (no Python in the loop).
+* ``gemm_ms``: every linear layer of one step (same shapes, same order) replayed as one CUDA
+  graph: the step's GEMM share; the rest is attention, norms, rotary, sampling.
+* ``generate()`` as users call it (batch 1): ``model.generate(..., cache_implementation="static")``,
+  which compiles the decode step itself; wall time of prefill + all new tokens.
+
+Memory: weight bytes of both sides, and how many more KV-cache tokens fit in the same GPU memory
+(the budget is ``--mem-fraction`` of the device minus the weights; activations are ignored).
+
+``--smoke`` runs a tiny config on the CPU (eager, no graphs) to check the script end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+LLAMA_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    bos_token_id=128000,
+    eos_token_id=128001,
+)
+SMOKE = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    tie_word_embeddings=False,
+)
+
+
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", flush=True)
+
+
+def cache_kwarg(model) -> str:
+    """Transformers 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns); use what the model takes."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def build_model(args, device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw = dict(SMOKE if args.smoke else LLAMA_8B)
+    if args.layers:
+        kw["num_hidden_layers"] = args.layers
+    config = LlamaConfig(**kw)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                m.weight.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def weight_bytes(model) -> int:
+    # Parameters and buffers as held (not state_dict(): that would copy W12 records back to layout 0).
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_step(model, cache):
+    key = cache_kwarg(model)
+
+    def step(tok, pos):
+        out = model(input_ids=tok, cache_position=pos, **{key: cache}, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].argmax(-1, keepdim=True)
+
+    return step
+
+
+@torch.no_grad()
+def prefill(model, cache, prompt):
+    pos = torch.arange(prompt.shape[1], device=prompt.device)
+    out = model(input_ids=prompt, cache_position=pos, **{cache_kwarg(model): cache}, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1, :].argmax(-1, keepdim=True)
+
+
+@torch.no_grad()
+def time_compiled_steps(step, first_tok, start, n_steps, device, compile_mode):
+    """Runs ``n_steps`` greedy steps through the compiled step; returns (ms per step, tokens [n, B])."""
+    tok = first_tok.clone()
+    pos = torch.tensor([start], device=device)
+    fn = step
+    if compile_mode:
+        fn = torch.compile(step, mode=compile_mode, fullgraph=True)
+        try:
+            fn(tok, pos)
+        except Exception as e:  # a graph break somewhere in this Transformers version: allow it, say so
+            log(f"fullgraph compile failed ({type(e).__name__}: {str(e)[:200]}); compiling with graph breaks")
+            torch._dynamo.reset()
+            fn = torch.compile(step, mode=compile_mode)
+    for _ in range(3):  # compile, record, warm (these steps write cache slots the timed run rewrites)
+        if device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        fn(tok, pos)
+    toks = torch.empty((n_steps, tok.shape[0]), dtype=torch.long, device=device)
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(n_steps):
+        if device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        out = fn(tok, pos)
+        toks[i] = out[:, 0]
+        tok.copy_(out)
+        pos.add_(1)
+    sync(device)
+    return (time.perf_counter() - t0) * 1e3 / n_steps, toks
+
+
+@torch.no_grad()
+def time_graph(fn, replays, device) -> float:
+    """Captures ``fn`` (eager) into one CUDA graph and returns ms per replay."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    sync(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    sync(device)
+    return start.elapsed_time(end) / replays
+
+
+@torch.no_grad()
+def time_eager(fn, reps, device) -> float:
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def gemm_fn(model, batch, device):
+    """All linear layers of one decode step, in order, on fixed inputs [batch, 1, K]."""
+    from w12.nn import W12Linear
+
+    lins = [m for m in model.modules() if isinstance(m, (nn.Linear, W12Linear))]
+    xs = {}
+    for m in lins:
+        if m.in_features not in xs:
+            xs[m.in_features] = torch.randn(batch, 1, m.in_features, device=device).to(torch.bfloat16)
+
+    def run():
+        for m in lins:
+            m(xs[m.in_features])
+
+    return run
+
+
+def measure_side(model, args, device, side: str) -> dict:
+    from transformers import StaticCache
+
+    on_gpu = device.type == "cuda"
+    res = {}
+    for batch in args.batches:
+        cache = StaticCache(config=model.config, max_cache_len=args.prompt_len + args.new_tokens + 8)
+        gen = torch.Generator(device="cpu").manual_seed(args.seed + batch)
+        prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt_len), generator=gen).to(device)
+        first = prefill(model, cache, prompt)
+        step = make_step(model, cache)
+        row = {"batch": batch}
+        mode = args.compile_mode if args.compile else None
+        t = time.perf_counter()
+        row["step_ms"], toks = time_compiled_steps(step, first, args.prompt_len, args.new_tokens, device, mode)
+        row["tokens"] = toks[:, 0].tolist()
+        log(
+            f"{side} batch {batch}: step {row['step_ms']:.3f} ms ({'compiled ' + mode if mode else 'eager'}; "
+            f"{time.perf_counter() - t:.0f} s with compilation)"
+        )
+        if on_gpu and args.uncompiled_graph:
+            tok = first.clone()
+            pos = torch.tensor([args.prompt_len], device=device)
+
+            def eager_step(tok=tok, pos=pos, step=step):
+                tok.copy_(step(tok, pos))
+                pos.add_(1)
+
+            try:
+                row["step_ms_uncompiled"] = time_graph(eager_step, min(args.new_tokens, 64), device)
+            except Exception as e:  # an eager step that syncs the host cannot be captured; say so
+                row["step_ms_uncompiled"] = None
+                row["uncompiled_error"] = f"{type(e).__name__}: {e}"[:300]
+        elif on_gpu:
+            row["step_ms_uncompiled"] = None
+        if on_gpu:
+            row["gemm_ms"] = time_graph(gemm_fn(model, batch, device), 50, device)
+        else:
+            pos = torch.tensor([args.prompt_len])
+            row["step_ms_uncompiled"] = time_eager(lambda step=step, first=first, pos=pos: step(first, pos), 3, device)
+            row["gemm_ms"] = time_eager(gemm_fn(model, batch, device), 3, device)
+        row["tok_s"] = batch * 1e3 / row["step_ms"]
+        log(f"{side} batch {batch}: gemm {row['gemm_ms']:.3f} ms, uncompiled graph step {row['step_ms_uncompiled']}")
+        res[batch] = row
+        del cache
+        if on_gpu:
+            torch.cuda.empty_cache()
+    if args.generate:
+        res["generate"] = measure_generate(model, args, device, side)
+    return res
+
+
+@torch.no_grad()
+def measure_generate(model, args, device, side) -> dict:
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=gen).to(device)
+    kw = dict(
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        do_sample=False,
+        cache_implementation="static",
+        pad_token_id=0,
+    )
+    if device.type != "cuda":
+        kw["disable_compile"] = True
+    times = []
+    for _ in range(2):  # the first call compiles
+        sync(device)
+        t0 = time.perf_counter()
+        out = model.generate(prompt, **kw)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    new = out.shape[1] - prompt.shape[1]
+    r = {"seconds": times[-1], "first_call_seconds": times[0], "new_tokens": new, "tok_s": new / times[-1]}
+    log(f"{side} generate(): {r['tok_s']:.1f} tok/s end to end (prefill + {new} tokens; first call {times[0]:.0f} s)")
+    return r
+
+
+def kv_bytes_per_token(config) -> int:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 2
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny config, short run (works on the CPU)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8,32; smoke 1,2)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 512; smoke 16)")
+    p.add_argument("--new-tokens", type=int, default=None, help="decode steps timed (default 256; smoke 4)")
+    p.add_argument("--layers", type=int, default=None, help="override the number of decoder layers")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="time the eager step instead")
+    p.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode (default reduce-overhead)")
+    p.add_argument(
+        "--uncompiled-graph",
+        action="store_true",
+        help="also capture the eager (uncompiled) step in a CUDA graph; fails if the model syncs the host",
+    )
+    p.add_argument("--no-generate", dest="generate", action="store_false", help="skip the generate() measurement")
+    p.add_argument("--mem-fraction", type=float, default=0.9, help="share of GPU memory for weights + KV cache")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/e2e_hf_h200.json; smoke: _smoke)")
+    args = p.parse_args(argv)
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not args.smoke and device.type != "cuda":
+        p.error("the full benchmark needs a CUDA GPU; use --smoke on the CPU")
+    if args.smoke and device.type == "cpu":
+        args.compile = False  # CPU inductor would measure a C++ compiler, not W12
+    args.batches = [int(b) for b in (args.batches or ("1,2" if args.smoke else "1,8,32")).split(",")]
+    args.prompt_len = args.prompt_len or (16 if args.smoke else 512)
+    args.new_tokens = args.new_tokens or (4 if args.smoke else 256)
+    name = "e2e_hf_smoke.json" if args.smoke else "e2e_hf_h200.json"
+    out_path = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / name
+
+    import w12
+    from w12 import cuda_ops
+
+    kernels = device.type == "cuda" and cuda_ops.available()
+    log(
+        f"device {device}{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}; "
+        f"W12 kernels {'available' if kernels else 'NOT available: the W12 side runs the reference path'}"
+    )
+    model = build_model(args, device)
+    wb_bf16 = weight_bytes(model)
+    log(f"model built: {wb_bf16 / 1e9:.2f} GB of BF16 weights")
+    bf16 = measure_side(model, args, device, "bf16")
+
+    sync(device)
+    t = time.perf_counter()
+    w12.patch(model, progress=True)
+    sync(device)
+    patch_s = time.perf_counter() - t
+    log(f"w12.patch: {patch_s:.1f} s; {model.w12_report.summary().splitlines()[0]}")
+    wb_w12 = weight_bytes(model)
+    torch._dynamo.reset()  # the BF16 graphs hold references to the freed weights
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    w = measure_side(model, args, device, "w12")
+
+    per_tok = kv_bytes_per_token(model.config)
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    budget = total * args.mem_fraction if total else None
+    kv_bf16 = int((budget - wb_bf16) // per_tok) if budget else None
+    kv_w12 = int((budget - wb_w12) // per_tok) if budget else None
+
+    rows = []
+    for b in args.batches:
+        r16, rw = bf16[b], w[b]
+        first_div = next((i for i, (a, c) in enumerate(zip(r16["tokens"], rw["tokens"])) if a != c), None)
+        rows.append(
+            {
+                "batch": b,
+                "tok_s_w12": rw["tok_s"],
+                "tok_s_bf16": r16["tok_s"],
+                "speedup": rw["tok_s"] / r16["tok_s"],
+                "weight_gb_w12": wb_w12 / 1e9,
+                "weight_gb_bf16": wb_bf16 / 1e9,
+                "step_ms_w12": rw["step_ms"],
+                "step_ms_bf16": r16["step_ms"],
+                "gemm_ms_w12": rw["gemm_ms"],
+                "gemm_ms_bf16": r16["gemm_ms"],
+                "rest_ms_w12": rw["step_ms"] - rw["gemm_ms"],
+                "rest_ms_bf16": r16["step_ms"] - r16["gemm_ms"],
+                "step_ms_uncompiled_w12": rw["step_ms_uncompiled"],
+                "step_ms_uncompiled_bf16": r16["step_ms_uncompiled"],
+                "greedy_first_divergence_row0": first_div,
+            }
+        )
+    result = {
+        "bench": "e2e_hf",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "smoke": args.smoke,
+        "kernels": kernels,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "config": {
+            "layers": model.config.num_hidden_layers,
+            "hidden": model.config.hidden_size,
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "compile": args.compile_mode if args.compile else None,
+        },
+        "patch_seconds": patch_s,
+        "kv": {
+            "bytes_per_token": per_tok,
+            "mem_fraction": args.mem_fraction,
+            "tokens_bf16": kv_bf16,
+            "tokens_w12": kv_w12,
+            "extra_tokens": (kv_w12 - kv_bf16) if budget else None,
+            "gain": (kv_w12 / kv_bf16) if budget and kv_bf16 > 0 else None,
+        },
+        "generate": {"bf16": bf16.get("generate"), "w12": w.get("generate")},
+        "rows": rows,
+    }
+    print()
+    print(
+        f"{'batch':>5} {'W12 tok/s':>10} {'BF16 tok/s':>10} {'speedup':>8} | {'step ms W12/BF16':>17} "
+        f"{'GEMM ms W12/BF16':>17} {'rest ms W12/BF16':>17} {'uncompiled ms W12/BF16':>23}"
+    )
+    for r in rows:
+        unc = "/".join(
+            "-" if v is None else f"{v:.2f}" for v in (r["step_ms_uncompiled_w12"], r["step_ms_uncompiled_bf16"])
+        )
+        print(
+            f"{r['batch']:>5} {r['tok_s_w12']:>10.1f} {r['tok_s_bf16']:>10.1f} {r['speedup']:>7.3f}x | "
+            f"{r['step_ms_w12']:>8.3f}/{r['step_ms_bf16']:<8.3f} {r['gemm_ms_w12']:>8.3f}/{r['gemm_ms_bf16']:<8.3f} "
+            f"{r['rest_ms_w12']:>8.3f}/{r['rest_ms_bf16']:<8.3f} {unc:>23}"
+        )
+    print(
+        f"weights: W12 {wb_w12 / 1e9:.2f} GB vs BF16 {wb_bf16 / 1e9:.2f} GB "
+        f"({100 * (1 - wb_w12 / wb_bf16):.1f} % smaller); patch took {patch_s:.1f} s"
+    )
+    if budget:
+        print(
+            f"KV cache in {args.mem_fraction:.0%} of {total / 2**30:.0f} GiB: {kv_bf16} tokens with BF16 weights, "
+            f"{kv_w12} with W12 (+{kv_w12 - kv_bf16}, {kv_w12 / kv_bf16:.2f}x)"
+        )
+    for side in ("bf16", "w12"):
+        g = result["generate"][side]
+        if g:
+            print(
+                f"generate() {side}: {g['tok_s']:.1f} tok/s end to end (batch 1, prefill {args.prompt_len} + {g['new_tokens']})"
+            )
+    if any(math.isnan(r["speedup"]) for r in rows):
+        print("error: NaN speedup", file=sys.stderr)
+        return 1
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
