@@ -11,6 +11,7 @@ Run `python benchmarks/_models.py --help` to pre-fetch everything.
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
 import os
@@ -138,19 +139,42 @@ def load_model(name: str, dtype=None):
     path = ensure_gguf(name)
     dtype = dtype or torch.float32
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    # Dequantizing the GGUF takes minutes on 2 cores; keep a safetensors copy of the float model.
-    hf_dir = path.parent / f"hf-{str(dtype).replace('torch.', '')}"
-    if (hf_dir / "config.json").exists():
-        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype)
+    # Dequantizing the GGUF takes minutes on 2 cores; keep the float weights (a GGUF-loaded model refuses
+    # save_pretrained, so: config without its quantization entry + a torch state dict).
+    float_dir = path.parent / f"float-{str(dtype).replace('torch.', '')}"
+    if (float_dir / "state.pt").exists():
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(float_dir)
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg)
+        finally:
+            torch.set_default_dtype(old)
+        state = torch.load(float_dir / "state.pt", mmap=True, weights_only=True)
+        model.load_state_dict(state, strict=True)
     else:
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-        tmp = hf_dir.with_name(hf_dir.name + ".partial")
+        tmp = float_dir.with_name(float_dir.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
-        shutil.rmtree(hf_dir, ignore_errors=True)
-        os.replace(tmp, hf_dir)
+        tmp.mkdir(parents=True)
+        cfg = copy.deepcopy(model.config)
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        cfg.save_pretrained(tmp)
+        torch.save(model.state_dict(), tmp / "state.pt")
+        shutil.rmtree(float_dir, ignore_errors=True)
+        os.replace(tmp, float_dir)
     model.eval()
     return model, tok
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    path = ensure_gguf(name)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 def ensure_prompt_wheel() -> Path:

@@ -76,15 +76,27 @@ def build(args) -> Path:
     return src
 
 
-def run_cli(*argv) -> tuple[dict, float]:
+def run_cli(*argv) -> tuple[dict, float, dict]:
+    """Runs ``w12 ARGV --json`` in a fresh process: its JSON, wall seconds and CPU seconds."""
+    import resource
+
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     r = subprocess.run(
         [sys.executable, "-m", "converters.cli", *argv, "-q", "--json"], cwd=ROOT, capture_output=True, text=True
     )
     wall = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"w12 {argv[0]} failed ({r.returncode}): {r.stderr.strip()}")
-    return json.loads(r.stdout), wall
+    cpu = {
+        "user_s": c1.ru_utime - c0.ru_utime,
+        "sys_s": c1.ru_stime - c0.ru_stime,
+        "loadavg_1min_before": load0,
+        "loadavg_1min_after": os.getloadavg()[0],
+    }
+    return json.loads(r.stdout), wall, cpu
 
 
 def load_dfloat11_compressor():
@@ -155,7 +167,7 @@ def compare(src: Path, names: list[str], df11_names: list[str]) -> dict:
         "reference_encoder_weights_per_s": one.numel() / ref_s,
         "note": "decompress = the CPU reference decoder; on a GPU W12 is decoded inside the GEMM",
     }
-    del parts
+    parts = None  # free the encoded tensors before the other compressors run
     try:
         import zipnn
 
@@ -228,10 +240,13 @@ def main(argv=None) -> int:
     weights = sum(open_folder(src).info(n).numel for n in open_folder(src).tensor_names())
     if weights < 2e9 and args.preset == "llama-3.1-8b":
         print(f"note: {weights / 1e9:.2f} B weights is below the 2 B the target is stated for")
-    summary, wall = run_cli("convert", str(src), str(dst))
+    os.sync()  # the build's dirty pages are not the converter's to write back
+    summary, wall, cpu = run_cli("convert", str(src), str(dst))
     result["convert"] = {
         **summary,
         "process_wall_s": wall,
+        "cpu": cpu,
+        "weights_per_cpu_s": summary["weights_total"] / (cpu["user_s"] + cpu["sys_s"]),
         "source_gb_per_s": summary["source_bytes"] / summary["seconds"] / 1e9,
         "encoder": cpu_encoder.backend(),
         "time_for_8b_weights_s": 8.03e9 / summary["weights_per_s"],
@@ -242,9 +257,14 @@ def main(argv=None) -> int:
         f"{result['convert']['source_gb_per_s']:.2f} GB/s of BF16; peak RSS {summary['peak_rss_bytes'] / 1e9:.2f} GB; "
         f"{summary['bits_per_weight']:.4f} bits/weight; an 8 B model would take {result['convert']['time_for_8b_weights_s']:.0f} s"
     )
+    print(
+        f"         CPU {cpu['user_s']:.1f} s user + {cpu['sys_s']:.1f} s sys "
+        f"({result['convert']['weights_per_cpu_s'] / 1e6:.0f} M weights per CPU-second); "
+        f"load average {cpu['loadavg_1min_before']:.1f} -> {cpu['loadavg_1min_after']:.1f} on {os.cpu_count()} CPUs"
+    )
     if args.verify:
-        v, vwall = run_cli("verify", str(src), str(dst))
-        result["verify"] = {**v, "process_wall_s": vwall, "weights_per_s": v["weights"] / v["seconds"]}
+        v, vwall, vcpu = run_cli("verify", str(src), str(dst))
+        result["verify"] = {**v, "process_wall_s": vwall, "cpu": vcpu, "weights_per_s": v["weights"] / v["seconds"]}
         print(f"verify: {v['message']} in {v['seconds']:.1f} s ({v['weights'] / v['seconds'] / 1e6:.1f} M weights/s)")
     if not args.keep:
         shutil.rmtree(dst, ignore_errors=True)

@@ -207,6 +207,25 @@ def gemm_fn(model, batch, device):
     return run
 
 
+def cudagraph_skips() -> int:
+    """How often inductor has declined to use CUDA graphs in this process (0 when not counted)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["inductor"].get("cudagraph_skips", 0))
+    except Exception:
+        return 0
+
+
+def save_partial(args, side: str, res: dict) -> None:
+    """Each measured row goes to ``<out>.partial.json`` at once, so a run cut short by a time
+    limit still leaves its numbers (under a name that says they are incomplete)."""
+    path = args.partial_path
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[side] = {str(k): {kk: vv for kk, vv in v.items() if kk != "tokens"} for k, v in res.items()}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
 def measure_side(model, args, device, side: str) -> dict:
     from transformers import StaticCache
 
@@ -249,13 +268,20 @@ def measure_side(model, args, device, side: str) -> dict:
             row["step_ms_uncompiled"] = time_eager(lambda step=step, first=first, pos=pos: step(first, pos), 3, device)
             row["gemm_ms"] = time_eager(gemm_fn(model, batch, device), 3, device)
         row["tok_s"] = batch * 1e3 / row["step_ms"]
+        row["cudagraph_skips"] = cudagraph_skips()
+        if on_gpu and mode == "reduce-overhead" and row["cudagraph_skips"]:
+            log(
+                f"warning: inductor skipped CUDA graphs {row['cudagraph_skips']} times so far (see TORCH_LOGS=perf_hints)"
+            )
         log(f"{side} batch {batch}: gemm {row['gemm_ms']:.3f} ms, uncompiled graph step {row['step_ms_uncompiled']}")
         res[batch] = row
+        save_partial(args, side, res)
         del cache
         if on_gpu:
             torch.cuda.empty_cache()
     if args.generate:
         res["generate"] = measure_generate(model, args, device, side)
+        save_partial(args, side, res)
     return res
 
 
@@ -321,6 +347,9 @@ def main(argv=None) -> int:
     args.new_tokens = args.new_tokens or (4 if args.smoke else 256)
     name = "e2e_hf_smoke.json" if args.smoke else "e2e_hf_h200.json"
     out_path = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / name
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    args.partial_path = out_path.with_suffix(".partial.json")
+    args.partial_path.unlink(missing_ok=True)
 
     import w12
     from w12 import cuda_ops
@@ -375,6 +404,8 @@ def main(argv=None) -> int:
                 "step_ms_uncompiled_w12": rw["step_ms_uncompiled"],
                 "step_ms_uncompiled_bf16": r16["step_ms_uncompiled"],
                 "greedy_first_divergence_row0": first_div,
+                "cudagraph_skips_w12": rw["cudagraph_skips"],
+                "cudagraph_skips_bf16": r16["cudagraph_skips"],
             }
         )
     result = {
@@ -437,6 +468,7 @@ def main(argv=None) -> int:
         return 1
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2) + "\n")
+    args.partial_path.unlink(missing_ok=True)
     log(f"wrote {out_path}")
     return 0
 

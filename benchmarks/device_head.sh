@@ -19,7 +19,7 @@ timeout 240 python3 benchmarks/bench_head.py --out "$OUT/head_h200.json" --plant
 echo "bench rc=$?" | tee -a "$OUT/log.txt"
 if command -v cuobjdump >/dev/null; then
   cuobjdump --dump-sass w12/_kernels/libw12.so 2>/dev/null \
-    | awk '/Function : .*head_screen_kernelILi1ELi8/{p=1} p{print} p&&/EXIT/{exit}' > "$OUT/sass_screen_nt1.txt"
+    | awk '/Function : .*head_screen_kernelILi1ELi8/{p=1;print;next} p&&/Function :/{exit} p{print}' > "$OUT/sass_screen_nt1.txt"
   echo "screen NT=1 SASS: $(grep -c 'LDG.*128' "$OUT/sass_screen_nt1.txt") 128-bit loads, $(grep -c IMMA "$OUT/sass_screen_nt1.txt") IMMA" \
     | tee -a "$OUT/log.txt"
 fi

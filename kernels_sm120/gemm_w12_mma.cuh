@@ -22,8 +22,10 @@ struct GemmArgs {
   int* counters;            // >= NT ints, zero on entry; left zero on exit
   int target_ctas;          // grid size the K-split aims at (a function of the SM count only)
   int stages;               // pipeline depth: 3 or 4 (6 and 8 measured slower)
-  int flags = 0;            // diagnostics for benchmarks: 1 = skip decode/MMA, 2 = skip the reduction,
-                            // 4 = global-memory reduction even where clusters exist
+  int flags = 0;            // diagnostics for benchmarks and tests: 1 = skip decode/MMA, 2 = skip the
+                            // reduction (1 and 2 give wrong output), 4 = global-memory reduction even
+                            // where clusters exist, 8 = 8-warp CTAs at M <= 16, 16 = cluster
+                            // reduction at M <= 8 too (4, 8, 16 change no bit of the result)
 };
 
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so

@@ -27,7 +27,6 @@
 namespace w12 {
 namespace {
 
-constexpr int kThreads = 128;
 constexpr int kRecordBytes = 12288;
 constexpr int kMaxTokens = 64;  // per launch; longer M is cut into 64-token chunks
 constexpr int kMaxSplits = 8;
@@ -49,16 +48,16 @@ struct KParams {
   int cluster;  // 1: the S slices of a row tile form one thread-block cluster (sm_90+)
 };
 
-template <int NCH>
+template <int NCH, int MTW>
 struct MinBlocks {
-  // Register budget per thread: 4 CTAs/SM (<= 128 regs) while the accumulators are small,
-  // 3 CTAs/SM (<= 168 regs) once 64 tokens need 64 FP32 accumulators per thread.
-  static constexpr int value = NCH <= 4 ? 4 : 3;
+  // Register budget per thread: <= 128 regs (4 CTAs of 128 or 2 of 256 threads per SM) while
+  // the accumulators are small; 3 CTAs/SM (<= 168 regs) once 64 tokens need 64 accumulators.
+  static constexpr int value = MTW == 1 ? 2 : (NCH <= 4 ? 4 : 3);
 };
 
-// Per-row epilogue data of the 4 rows a thread writes (r = 2*mt + (i >> 1) of its fragments),
-// loaded at kernel start so their (cold, HBM) latency hides behind the main loop instead of
-// adding a chain of dependent round trips after it.
+// Per-row epilogue data of the rows a thread writes (index 2*mtl + h: its local m-tile and the
+// g / g+8 half of the fragment), loaded at kernel start so their (cold, HBM) latency hides
+// behind the main loop instead of adding dependent round trips after it.
 struct RowData {
   float scale[4];
   int e0[4], e1[4];
@@ -80,56 +79,74 @@ __device__ __forceinline__ float apply_escapes(float v, int r, int m, const RowD
   return v;
 }
 
-// Epilogue of one accumulator fragment (m-tile mt, token chunk j): scale, escapes, bias, BF16.
-__device__ __forceinline__ void store_fragment(const float (&v)[4], int mt, int j, int rowtile, const RowData& rd,
+template <typename T>
+__device__ __forceinline__ T pick4(const T (&a)[4], int r) {
+  // Selects instead of a run-time register-array index (which would move `a` to local memory).
+  return r == 0 ? a[0] : r == 1 ? a[1] : r == 2 ? a[2] : a[3];
+}
+
+// Epilogue of one accumulator fragment: rows nbase + g (+8), tokens 8j + 2t (+1); rd row index
+// 2*mtl + h. Scale by 2^(b-E0), escapes, bias, round to BF16.
+template <int MTW>
+__device__ __forceinline__ void store_fragment(const float (&v)[4], int nbase, int mtl, int j, const RowData& rd,
                                                const KParams& p) {
-  const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, t = tid & 3;
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int h = i >> 1;
-    const int r = mt ? 2 + h : h;  // selects, not a run-time register-array index
-    const int n = rowtile * 128 + warp * 32 + mt * 16 + g + 8 * h;
+    const int h = i >> 1, r = 2 * mtl + h;
+    const int n = nbase + g + 8 * h;
     const int m = 8 * j + 2 * t + (i & 1);
     if (n < p.N && m < p.M) {
-      float x = v[i] * (mt ? (h ? rd.scale[3] : rd.scale[2]) : (h ? rd.scale[1] : rd.scale[0]));
-      const int e0 = mt ? (h ? rd.e0[3] : rd.e0[2]) : (h ? rd.e0[1] : rd.e0[0]);
-      const int e1 = mt ? (h ? rd.e1[3] : rd.e1[2]) : (h ? rd.e1[1] : rd.e1[0]);
-      if (e0 < e1) x = apply_escapes(x, r, m, rd, p);
-      if (p.bias) x = __fadd_rn(x, mt ? (h ? rd.bias[3] : rd.bias[2]) : (h ? rd.bias[1] : rd.bias[0]));
+      float x = v[i] * pick4(rd.scale, r);
+      if (pick4(rd.e0, r) < pick4(rd.e1, r)) x = apply_escapes(x, r, m, rd, p);
+      if (p.bias) x = __fadd_rn(x, pick4(rd.bias, r));
       p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
     }
   }
 }
 
-template <int NCH, int STAGES>
-__global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_kernel(const KParams p) {
-  constexpr int kXBytes = NCH * 8 * 128;  // 8*NCH tokens x 64 BF16
+// MTW = m-tiles (16-row MMA tiles) per warp: 2 -> 4 warps per CTA, each owning 32 rows of the
+// record (the layout-1 quarter); 1 -> 8 warps, a warp pair splitting each quarter by m-tile.
+// Both do the same MMAs in the same order for every output element, so they give identical
+// bits; the 8-warp form halves each warp's decode chain and doubles the warps that hide it,
+// which is what small M needs, while large M prefers 4 warps (each warp re-reads the
+// activation fragments, so 8 warps would double that shared-memory traffic).
+template <int NCH, int STAGES, int MTW>
+__global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w12_mma_kernel(const KParams p) {
+  constexpr int kT = 256 / MTW;             // threads per CTA
+  constexpr int kXBytes = NCH * 8 * 128;    // 8*NCH tokens x 64 BF16
   constexpr int kStage = kRecordBytes + kXBytes;
-  constexpr int JG = NCH < 4 ? NCH : 4;  // token chunks whose fragments are held at once
+  constexpr int JG = NCH < 4 ? NCH : 4;     // token chunks whose fragments are held at once
+  constexpr int kFrag = MTW * NCH;          // accumulator fragments per thread
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int rowq = MTW == 2 ? warp : warp >> 1;  // which 32-row quarter of the record
+  const int mt0 = MTW == 2 ? 0 : warp & 1;       // first m-tile of this warp
   const int rowtile = blockIdx.x / p.S, split = blockIdx.x % p.S;
   const int kt0 = split * p.kper;
   const int nrec = min(p.KT - kt0, p.kper);
   const uint8_t* rec0 = p.records + ((size_t)rowtile * p.KT + kt0) * kRecordBytes;
   const uint32_t sbase = smem_u32(smem);
-  const uint32_t hi_off = warp * 2048 + lane * 16;
-  const uint32_t lo_off = 8192 + warp * 1024 + lane * 8;
+  // Layout 1: vector q (= 2*mt + 0/1) of this lane at quarter*2048 + q*512 + lane*16 (hi) and
+  // 8192 + quarter*1024 + q*256 + lane*8 (lo).
+  const uint32_t hi_off = rowq * 2048 + mt0 * 1024 + lane * 16;
+  const uint32_t lo_off = 8192 + rowq * 1024 + mt0 * 512 + lane * 8;
+  const int nbase = rowtile * 128 + rowq * 32 + mt0 * 16;  // + 16*mtl
 
   auto load_stage = [&](int slot, int i) {
     const uint8_t* src = rec0 + (size_t)i * kRecordBytes;
     const uint32_t dst = sbase + slot * kStage;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cp_async16(dst + hi_off + q * 512, src + hi_off + q * 512);
+    for (int q = 0; q < 2 * MTW; ++q) cp_async16(dst + hi_off + q * 512, src + hi_off + q * 512);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cp_async8(dst + lo_off + q * 256, src + lo_off + q * 256);
+    for (int q = 0; q < 2 * MTW; ++q) cp_async8(dst + lo_off + q * 256, src + lo_off + q * 256);
     // Activation tile [8*NCH tokens][64 columns], 16-byte chunk c of token r stored at chunk
     // c ^ (r & 7): the fragment reads below (8 lanes = 2 tokens x 4 t) then hit 8 distinct
     // 16-byte bank groups. Tokens >= M are zero-filled.
     const int64_t kcol = (int64_t)(kt0 + i) * 64;
 #pragma unroll
-    for (int c = tid; c < NCH * 64; c += kThreads) {
+    for (int c = tid; c < NCH * 64; c += kT) {
       const int r = c >> 3, ch = c & 7;
       const bool valid = r < p.M;
       const uint16_t* xs = p.x + (valid ? (int64_t)r * p.ldx : 0) + kcol + ch * 8;
@@ -137,9 +154,9 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
     }
   };
 
-  float acc[2][NCH][4];
+  float acc[MTW][NCH][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int j = 0; j < NCH; ++j)
 #pragma unroll
@@ -153,14 +170,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
 
   RowData rd;
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int n = rowtile * 128 + warp * 32 + (r >> 1) * 16 + g + 8 * (r & 1);
+  for (int r = 0; r < 2 * MTW; ++r) {
+    const int n = nbase + (r >> 1) * 16 + g + 8 * (r & 1);
     const bool ok = n < p.N;
     rd.scale[r] = ok ? row_scale(__ldg(p.base + n)) : 0.f;
     rd.e0[r] = ok ? __ldg(p.esc_ptr + n) : 0;
     rd.e1[r] = ok ? __ldg(p.esc_ptr + n + 1) : 0;
     rd.bias[r] = (ok && p.bias) ? __ldg(p.bias + n) : 0.f;
   }
+#pragma unroll
+  for (int r = 2 * MTW; r < 4; ++r) rd.scale[r] = 0.f, rd.e0[r] = rd.e1[r] = 0, rd.bias[r] = 0.f;
 
   for (int i = 0; i < nrec; ++i) {
     cp_async_wait<STAGES - 2>();
@@ -171,16 +190,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
 
     if (p.flags & 1) continue;  // diagnostic: stream only
     const uint8_t* st = smem + (i % STAGES) * kStage;
-    uint32_t a[32];
+    uint32_t a[16 * MTW];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < 2 * MTW; ++q) {
       const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
       const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
       decode16(h, l, a + 8 * q);
     }
     // Activation fragments for JG token chunks at a time, then k-step outer: consecutive MMAs
-    // go to 2*JG different accumulators, so the ~30-cycle MMA latency of one accumulator's
-    // chain is covered (with j outer, only 2 were independent and the warp stalled on each).
+    // go to MTW*JG different accumulators, so one accumulator's MMA latency chain is covered
+    // (with j outer, only 2 were independent and the warp stalled on each).
 #pragma unroll
     for (int j0 = 0; j0 < NCH; j0 += JG) {
       uint32_t bw[JG][8];
@@ -197,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
 #pragma unroll
         for (int jj = 0; jj < JG; ++jj)
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
+          for (int mt = 0; mt < MTW; ++mt) {
             const uint32_t af[4] = {a[16 * mt + 4 * ks + 0], a[16 * mt + 4 * ks + 1], a[16 * mt + 4 * ks + 2],
                                     a[16 * mt + 4 * ks + 3]};
             mma_bf16_16816(acc[mt][j0 + jj], af, bw[jj][2 * ks], bw[jj][2 * ks + 1]);
@@ -212,42 +231,42 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
     // parks its partial in its own shared memory; after a cluster barrier, CTA `split` sums
     // fragments f = split, split + S, ... over ranks 0..S-1 (the same fixed order as the global
     // path below, so both give identical bits) straight out of the other CTAs' shared memory.
-    // This replaces a global fence + atomic + L2 round trips (several us at the end of the
-    // kernel) by two cluster barriers and DSMEM reads.
+    // This replaces a global fence + atomic + L2 round trips by two cluster barriers and DSMEM
+    // reads (measured: much faster once M >= 16; at M <= 8 the global path is used).
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     __syncthreads();  // every warp is done reading the ring before it is reused
     float4* part = reinterpret_cast<float4*>(smem);
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
       for (int j = 0; j < NCH; ++j)
-        part[(mt * NCH + j) * kThreads + tid] =
-            make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+        part[(mt * NCH + j) * kT + tid] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
     cluster.sync();
-    for (int f = split; f < 2 * NCH; f += p.S) {
+    for (int f = split; f < kFrag; f += p.S) {
       float sum[4];
       for (int sl = 0; sl < p.S; ++sl) {
-        const float4 v = *cluster.map_shared_rank(part + f * kThreads + tid, sl);
+        const float4 v = *cluster.map_shared_rank(part + f * kT + tid, sl);
         const float vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) sum[i] = sl == 0 ? vv[i] : __fadd_rn(sum[i], vv[i]);
       }
-      store_fragment(sum, f / NCH, f % NCH, rowtile, rd, p);
+      const int mtl = f / NCH;
+      store_fragment<MTW>(sum, nbase + 16 * mtl, mtl, f % NCH, rd, p);
     }
     cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
     return;
   }
 #endif
   if (p.S > 1) {
-    // Partial sums in fragment order: thread tid's float4 of (mt, j) at [tile][split][mt][j][tid],
+    // Partial sums in fragment order: thread tid's float4 of fragment f at [tile][split][f][tid],
     // so both the stores here and the reducing loads below are coalesced 16-byte accesses.
-    float4* mine = p.ws + ((size_t)rowtile * p.S + split) * (2 * NCH * kThreads) + tid;
+    float4* mine = p.ws + ((size_t)rowtile * p.S + split) * (kFrag * kT) + tid;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
       for (int j = 0; j < NCH; ++j)
-        mine[(mt * NCH + j) * kThreads] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+        mine[(mt * NCH + j) * kT] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
     if (p.flags & 2) return;  // diagnostic: no cross-CTA reduction (output incomplete)
     __threadfence();
     __syncthreads();
@@ -260,28 +279,28 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    const float4* tile = p.ws + (size_t)rowtile * p.S * (2 * NCH * kThreads) + tid;
+    const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
     // Fixed order: slice 0 + slice 1 + ... whoever reduces (its own slice is read back too, so
     // the accumulator registers can hold the running sum). Slices are fetched U at a time with
     // all their loads issued before the first add: ~S/U L2 round trips instead of one per
     // (slice, fragment).
-    constexpr int U = NCH >= 4 ? 1 : 8 / NCH;
+    constexpr int U = kFrag >= 4 ? 1 : 8 / kFrag;
     for (int s0 = 0; s0 < p.S; s0 += U) {
-      float4 v[U][2][NCH];
+      float4 v[U][MTW][NCH];
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (s0 + u < p.S) {
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
+          for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
             for (int j = 0; j < NCH; ++j)
-              v[u][mt][j] = __ldcg(tile + (size_t)(s0 + u) * (2 * NCH * kThreads) + (mt * NCH + j) * kThreads);
+              v[u][mt][j] = __ldcg(tile + (size_t)(s0 + u) * (kFrag * kT) + (mt * NCH + j) * kT);
         }
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (s0 + u < p.S) {
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
+          for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
             for (int j = 0; j < NCH; ++j) {
               const float vv[4] = {v[u][mt][j].x, v[u][mt][j].y, v[u][mt][j].z, v[u][mt][j].w};
@@ -293,15 +312,16 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<NCH>::value) gemm_w12_mma_
   }
 
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
-    for (int j = 0; j < NCH; ++j) store_fragment(acc[mt][j], mt, j, rowtile, rd, p);
+    for (int j = 0; j < NCH; ++j) store_fragment<MTW>(acc[mt][j], nbase + 16 * mt, mt, j, rd, p);
 }
 
-template <int NCH, int STAGES>
+template <int NCH, int STAGES, int MTW>
 cudaError_t launch_one(const KParams& p, int grid, cudaStream_t stream) {
   constexpr int smem = STAGES * (kRecordBytes + NCH * 1024);
-  auto kern = gemm_w12_mma_kernel<NCH, STAGES>;
+  constexpr int threads = 256 / MTW;
+  auto kern = gemm_w12_mma_kernel<NCH, STAGES, MTW>;
   // Raising the dynamic shared-memory limit is per device; once per (instantiation, device).
   static int configured[64] = {0};
   int dev = 0;
@@ -313,12 +333,12 @@ cudaError_t launch_one(const KParams& p, int grid, cudaStream_t stream) {
     configured[dev] = 1;
   }
   if (!p.cluster) {
-    kern<<<grid, kThreads, smem, stream>>>(p);
+    kern<<<grid, threads, smem, stream>>>(p);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -333,10 +353,14 @@ cudaError_t launch_one(const KParams& p, int grid, cudaStream_t stream) {
 
 template <int STAGES>
 cudaError_t launch_stages(const KParams& p, int grid, int tokens, cudaStream_t stream) {
-  if (tokens <= 8) return launch_one<1, STAGES>(p, grid, stream);
-  if (tokens <= 16) return launch_one<2, STAGES>(p, grid, stream);
-  if (tokens <= 32) return launch_one<4, STAGES>(p, grid, stream);
-  return launch_one<8, STAGES>(p, grid, stream);
+  // 4-warp CTAs by default; 8-warp CTAs (flag 8, M <= 16 only) were measured no faster
+  // (docs/perf-notes.md). Identical results either way.
+  const bool wide = (p.flags & 8) != 0;
+  if (tokens <= 8) return wide ? launch_one<1, STAGES, 1>(p, grid, stream) : launch_one<1, STAGES, 2>(p, grid, stream);
+  if (tokens <= 16)
+    return wide ? launch_one<2, STAGES, 1>(p, grid, stream) : launch_one<2, STAGES, 2>(p, grid, stream);
+  if (tokens <= 32) return launch_one<4, STAGES, 2>(p, grid, stream);
+  return launch_one<8, STAGES, 2>(p, grid, stream);
 }
 
 int nchunks_for(int tokens) { return tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : 8; }
@@ -360,7 +384,7 @@ size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas) {
   if (s <= 1 || M <= 0) return 0;
   const int tokens = M < kMaxTokens ? M : kMaxTokens;
   const size_t nt = (N + 127) / 128;
-  return nt * s * 2 * nchunks_for(tokens) * kThreads * sizeof(float4);
+  return nt * s * 2 * nchunks_for(tokens) * 128 * sizeof(float4);  // same for 4 or 8 warps
 }
 
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
@@ -378,15 +402,18 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
   cudaError_t qerr = cudaGetDevice(&dev);
   if (qerr == cudaSuccess) qerr = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (qerr != cudaSuccess) return qerr;
-  const int cluster = (s > 1 && major >= 9 && !(a.flags & 4)) ? 1 : 0;
+  // Measured (docs/perf-notes.md): the cluster reduction wins from 16 tokens up, the global
+  // one at <= 8 tokens. Both sum in the same order, so the choice does not change any bit.
+  const bool cluster_ok = s > 1 && major >= 9 && !(a.flags & 4);
   KParams p{a.x,        a.records, a.base, a.esc_ptr, a.esc_col, a.esc_val, a.bias,    a.y,     static_cast<float4*>(a.workspace),
-            a.counters, 0,         a.N,    kt,        s,         kper,      a.ldx,     a.ldy,   a.flags, cluster};
+            a.counters, 0,         a.N,    kt,        s,         kper,      a.ldx,     a.ldy,   a.flags, 0};
   // M > 64: 64-token chunks, one launch each; the chunks share the workspace (stream order).
   for (int m0 = 0; m0 < a.M; m0 += kMaxTokens) {
     const int tokens = (a.M - m0) < kMaxTokens ? (a.M - m0) : kMaxTokens;
     p.x = a.x + (int64_t)m0 * a.ldx;
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
+    p.cluster = (cluster_ok && (tokens > 8 || (a.flags & 16))) ? 1 : 0;
     cudaError_t err;
     switch (a.stages) {
       case 3: err = launch_stages<3>(p, nt * s, tokens, stream); break;
@@ -399,7 +426,7 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
 
 cudaError_t gemm_check_device() {
   cudaFuncAttributes attr;
-  return cudaFuncGetAttributes(&attr, gemm_w12_mma_kernel<1, 4>);
+  return cudaFuncGetAttributes(&attr, gemm_w12_mma_kernel<1, 4, 2>);
 }
 
 }  // namespace w12

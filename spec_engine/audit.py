@@ -141,4 +141,6 @@ def verdict(system: ForcingStats, baseline: ForcingStats, rate_tolerance: float 
 def audit(model, prompts, system_outputs, baseline_outputs, rate_tolerance: float = 0.005) -> Verdict:
     """Force both systems' outputs through the target (FP32 head) and compare (see module doc)."""
     scorer = Scorer(model)
-    return verdict(scorer.force_all(prompts, system_outputs), scorer.force_all(prompts, baseline_outputs), rate_tolerance)
+    return verdict(
+        scorer.force_all(prompts, system_outputs), scorer.force_all(prompts, baseline_outputs), rate_tolerance
+    )

@@ -26,11 +26,26 @@ class KVCache(DynamicCache):
         self.length = 0
         self._k: list[torch.Tensor | None] = [None] * self.num_layers
         self._v: list[torch.Tensor | None] = [None] * self.num_layers
+        # Static mode (CUDA graphs): fixed buffers, rows written at the device indices `write_index`,
+        # attention over the whole buffer (the caller masks the columns that are not in use).
+        self.write_index: torch.Tensor | None = None
+
+    def allocate_static(self, batch: int, kv_heads: int, head_dim: int, dtype, device) -> None:
+        """Preallocate every layer's buffers and switch to static mode (shapes never change again)."""
+        shape = (batch, kv_heads, self.capacity, head_dim)
+        self._k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
+        self._v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
+        self.write_index = torch.zeros(1, dtype=torch.long, device=device)
 
     # --- the part transformers calls -------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         if not 0 <= layer_idx < self.num_layers:
             raise IndexError(f"KVCache.update: layer_idx {layer_idx} outside [0, {self.num_layers})")
+        if self.write_index is not None:
+            k, v = self._k[layer_idx], self._v[layer_idx]
+            k.index_copy_(2, self.write_index, key_states.to(k.dtype))
+            v.index_copy_(2, self.write_index, value_states.to(v.dtype))
+            return k, v
         n = key_states.shape[-2]
         end = self.length + n
         k, v = self._k[layer_idx], self._v[layer_idx]

@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from .tree import DraftRequest, NodeLattice, PositionLattice
-from .verify import CausalLM, causal_allowed
+from .verify import CausalLM, host_to_device
 
 
 @runtime_checkable
@@ -63,7 +63,7 @@ class ModelDrafter:
             # Everything is cached (a propose without a commit in between): re-feed the last token.
             self.cache.crop(self.cache.length - 1)
             pending = self.tokens[-1:]
-        ids = torch.tensor([pending], dtype=torch.long, device=self.lm.device)
+        ids = host_to_device(pending, self.lm.device).view(1, -1)
         h = self.lm.prefill(self.cache, ids)
         return torch.log_softmax(self.lm.lm_head(h[0, -1:]).float(), dim=-1)[0]
 
@@ -122,7 +122,9 @@ class ModelDrafter:
             level_start, level_size = total, beam * kk
             total += beam * kk
         self.cache.length = base
-        return NodeLattice(torch.cat(toks), torch.cat(pars).long(), torch.cat(lps), torch.cat(scores), torch.cat(depths))
+        return NodeLattice(
+            torch.cat(toks), torch.cat(pars).long(), torch.cat(lps), torch.cat(scores), torch.cat(depths)
+        )
 
     def _chain_positions(self, root_logp: torch.Tensor, req: DraftRequest) -> PositionLattice:
         """Greedy chain; per position the top-k of the drafter given the greedy prefix (independent scores)."""

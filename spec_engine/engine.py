@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafters import Drafter
+from .graphs import StaticVerifier
 from .tree import ChainTree, TreeShape
-from .verify import CausalLM, accept, commit, verify
+from .verify import CausalLM, accept, commit, host_to_device, verify
 
 
 @dataclass
@@ -59,6 +60,8 @@ class SpecEngine:
     fixed_shapes: verify every step with the tree's full node budget (padding included), so each tree
         size has one shape (CUDA-graph friendly); default on CUDA, off on CPU (where padding costs).
     profile: synchronize the device around each phase so the step times are exact (`W12_SPEC_PROFILE=1`).
+    static: verify over a preallocated static KV cache with one CUDA graph per tree size (`StaticVerifier`;
+        implies fixed_shapes; on the CPU the same static path runs eagerly).
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class SpecEngine:
         head=None,
         fixed_shapes: bool | None = None,
         profile: bool | None = None,
+        static: bool = False,
+        capacity: int = 2048,
     ):
         if not isinstance(drafter, Drafter):
             raise TypeError(f"SpecEngine: drafter {type(drafter).__name__} lacks reset/propose/commit")
@@ -76,9 +81,22 @@ class SpecEngine:
         self.drafter = drafter
         self.tree = tree if tree is not None else ChainTree(4)
         if not isinstance(self.tree, TreeShape):
-            raise TypeError(f"SpecEngine: tree must be ChainTree/BestFirstTree/IndependentTree, got {type(tree).__name__}")
+            raise TypeError(
+                f"SpecEngine: tree must be ChainTree/BestFirstTree/IndependentTree, got {type(tree).__name__}"
+            )
         self.fixed_shapes = (self.target.device.type == "cuda") if fixed_shapes is None else bool(fixed_shapes)
         self.profile = _profile_default() if profile is None else bool(profile)
+        self.static = bool(static)
+        self.fixed_shapes = self.fixed_shapes or self.static
+        self.capacity = int(capacity)
+        self._static: StaticVerifier | None = None
+
+    def _static_verifier(self, need: int) -> StaticVerifier:
+        # Kept across calls: its CUDA graphs are captured once per tree size.
+        if self._static is None or self._static.capacity < need:
+            self._static = StaticVerifier(self.target, max(need, self.capacity))
+        self._static.cache.length = 0
+        return self._static
 
     def _now(self) -> float:
         if self.profile and self.target.device.type == "cuda":
@@ -103,19 +121,26 @@ class SpecEngine:
         return input_ids.long(), int(max_new_tokens), stops
 
     @torch.no_grad()
-    def stream(self, input_ids, max_new_tokens: int, stop_token_ids=None, _result: GenerationResult | None = None) -> Iterator[list[int]]:
+    def stream(
+        self, input_ids, max_new_tokens: int, stop_token_ids=None, _result: GenerationResult | None = None
+    ) -> Iterator[list[int]]:
         """Yield the tokens committed by each step (lists of ids), ending at a stop token or the budget."""
         ids, budget, stops = self._check_args(input_ids, max_new_tokens, stop_token_ids)
         res = _result if _result is not None else GenerationResult(tokens=torch.zeros(0, dtype=torch.long))
         dev = self.target.device
         ids = ids.to(dev)
-        cache = self.target.new_cache(ids.numel() + budget + self.tree.nodes + 16)
+        need = ids.numel() + budget + self.tree.nodes + 16
+        sv = self._static_verifier(need) if self.static else None
+        cache = sv.cache if sv is not None else self.target.new_cache(need)
         res.cache = cache
         if budget == 0:
             return
         t0 = self._now()
         if ids.numel() > 1:
-            self.target.prefill(cache, ids[:-1].view(1, -1))
+            if sv is not None:
+                sv.prefill(ids[:-1])
+            else:
+                self.target.prefill(cache, ids[:-1].view(1, -1))
         res.prefill_s = self._now() - t0
         self.drafter.reset(ids)
         root = ids[-1:].clone()
@@ -127,7 +152,7 @@ class SpecEngine:
             if not self.fixed_shapes and tree.n_valid_hint is not None and tree.n_valid_hint < tree.nodes:
                 tree = tree.trimmed(tree.n_valid_hint)
             t1 = self._now()
-            out = verify(self.target, cache, root, tree)
+            out = sv.verify(root, tree) if sv is not None else verify(self.target, cache, root, tree)
             t2 = self._now()
             acc = accept(tree, out)[0]  # the step's one host sync
             t3 = self._now()
@@ -139,7 +164,7 @@ class SpecEngine:
             # Cache keeps every committed token but the last: the root and the first len(new)-1 path nodes.
             commit(cache, out.base, acc.rows[: len(new)])
             self.drafter.commit(new)
-            root = torch.tensor(new[-1:], dtype=torch.long, device=dev)
+            root = host_to_device(new[-1:], dev)
             t4 = self._now()
             produced += len(new)
             nodes = int(tree.n_valid_hint) if tree.n_valid_hint is not None else tree.nodes

@@ -16,6 +16,15 @@ from .cache import KVCache
 from .tree import TreeBatch
 
 
+def host_to_device(values: list[int], device) -> torch.Tensor:
+    """Small host list -> device LongTensor without blocking the host (pinned, non-blocking on CUDA):
+    a pageable copy would wait for the queued GPU work, an extra sync in the hot loop."""
+    t = torch.tensor(values, dtype=torch.long)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _cache_kwarg(module) -> str:
     """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns); 5.17 only has the old one."""
     params = inspect.signature(module.forward).parameters
@@ -120,6 +129,8 @@ class CausalLM:
     def prefill(self, cache: KVCache, ids: torch.Tensor) -> torch.Tensor:
         """Causal forward over `ids [B, T]` after the committed rows; commits them; returns hidden states."""
         b, t = ids.shape
+        if t == 0:
+            raise ValueError("CausalLM.prefill: no tokens to prefill")
         base = cache.length
         pos = (torch.arange(t, device=ids.device) + base).unsqueeze(0).expand(b, t)
         h = self.hidden(ids, pos, causal_allowed(base, t, b, ids.device), cache)
@@ -194,5 +205,5 @@ def commit(cache: KVCache, base: int, rows: list[int]) -> None:
     if not rows:
         cache.crop(base)
         return
-    idx = torch.tensor(rows, dtype=torch.long, device=cache._k[0].device if cache._k[0] is not None else None)
-    cache.compact(base, idx)
+    dev = next((k.device for k in cache._k if k is not None), torch.device("cpu"))
+    cache.compact(base, host_to_device(rows, dev))

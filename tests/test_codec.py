@@ -3,7 +3,7 @@ error paths, w12.linear; and the converter's fused encoder against the reference
 
 import pytest
 import torch
-import torch.nn.functional as F
+from torch.nn.functional import linear as f_linear
 
 import w12
 from w12 import cpu_encoder, reference
@@ -298,7 +298,7 @@ def test_linear_matches_f_linear(rng, dtype, xshape):
     w = w12.pack(wt)
     for b in (None, bias):
         got = w12.linear(x, w, b)
-        want = F.linear(x, wt.to(dtype), b)
+        want = f_linear(x, wt.to(dtype), b)
         assert got.dtype == want.dtype and torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
 
 
@@ -320,6 +320,8 @@ def test_fused_encoder_backend_choice(monkeypatch, rng):
     monkeypatch.setenv("W12_CPU_ENCODER", "bogus")
     with pytest.raises(ValueError, match="W12_CPU_ENCODER"):
         cpu_encoder.backend()
+    if cpu_encoder._load() is None:
+        pytest.skip(f"no fused encoder here: {cpu_encoder._lib_error}")
     monkeypatch.setenv("W12_CPU_ENCODER", "c")
     assert cpu_encoder.backend() == "c"
     assert all(torch.equal(cpu_encoder.encode(t)[k], v) for k, v in ref.items())

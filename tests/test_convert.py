@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import w12
-from w12 import convert as C
+from w12 import convert as wc
 from w12.checkpoint import (
     INDEX_NAME,
     CheckpointError,
@@ -51,7 +51,7 @@ def tiny(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_w12(tiny, tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("tinyw12") / "w12"
-    C.convert(tiny, dst, progress=False)
+    wc.convert(tiny, dst, progress=False)
     return dst
 
 
@@ -98,10 +98,10 @@ def test_container_follows_the_spec(tiny, tiny_w12):
 
 
 def test_verify_info_restore(tiny, tiny_w12, tmp_path):
-    r = C.verify(tiny, tiny_w12, progress=False)
+    r = wc.verify(tiny, tiny_w12, progress=False)
     assert r.ok, r.message
     assert r.tensors_checked == len(open_folder(tiny).tensor_names())
-    d = C.info(tiny_w12)
+    d = wc.info(tiny_w12)
     ck = W12Checkpoint(tiny_w12)
     want_bytes = sum(ck.folder.info(f"{n[:-7]}.{s}").nbytes for n in ck.entries for s in SUFFIXES)
     weights = sum(e.numel for e in ck.entries.values())
@@ -109,10 +109,10 @@ def test_verify_info_restore(tiny, tiny_w12, tmp_path):
     assert d["totals"]["bits_per_weight"] == pytest.approx(want_bytes * 8 / weights)
     assert d["totals"]["escapes"] == sum(e.nnz for e in ck.entries.values())
     assert d["totals"]["file_bytes"] == sum(p.stat().st_size for p in tiny_w12.glob("*.safetensors"))
-    assert "bits/weight" in C.info_table(d)
+    assert "bits/weight" in wc.info_table(d)
     out = tmp_path / "restored"
-    C.restore(tiny_w12, out, progress=False)
-    assert C.compare_plain(tiny, out).ok
+    wc.restore(tiny_w12, out, progress=False)
+    assert wc.compare_plain(tiny, out).ok
     for shard in tiny.glob("*.safetensors"):
         a, b = load_file(shard), load_file(out / shard.name)
         assert a.keys() == b.keys() and all(torch.equal(bits(a[k]), bits(b[k])) for k in a)
@@ -151,18 +151,18 @@ def test_embedding_names(name, emb):
 
 def test_include_exclude_embeddings(tiny, tmp_path):
     folder = open_folder(tiny)
-    sel = C.select(folder, exclude=[r"mlp\."])
+    sel = wc.select(folder, exclude=[r"mlp\."])
     assert not any(c for n, c in sel.items() if "mlp." in n) and sel["lm_head.weight"]
-    sel = C.select(folder, include=[r"q_proj", r"embed"])
+    sel = wc.select(folder, include=[r"q_proj", r"embed"])
     assert {n for n, c in sel.items() if c} == {n for n in sel if "q_proj" in n} | {"model.embed_tokens.weight"}
-    sel = C.select(folder, include=["norm"])  # 1-D tensors are never converted
+    sel = wc.select(folder, include=["norm"])  # 1-D tensors are never converted
     assert not any(sel.values())
-    sel = C.select(folder, embeddings=True, exclude=["lm_head"])
+    sel = wc.select(folder, embeddings=True, exclude=["lm_head"])
     assert sel["model.embed_tokens.weight"] and not sel["lm_head.weight"]
-    s = C.convert(tiny, tmp_path / "o", embeddings=True, progress=False)
+    s = wc.convert(tiny, tmp_path / "o", embeddings=True, progress=False)
     assert "model.embed_tokens.weight" in W12Checkpoint(tmp_path / "o").entries
-    assert C.verify(tiny, tmp_path / "o", progress=False).ok
-    assert s.tensors_converted == sum(C.select(folder, embeddings=True).values())
+    assert wc.verify(tiny, tmp_path / "o", progress=False).ok
+    assert s.tensors_converted == sum(wc.select(folder, embeddings=True).values())
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -170,20 +170,20 @@ def test_single_file_and_many_shards(tmp_path, shards):
     src = tmp_path / "src"
     build_llama_checkpoint(src, "tiny", num_shards=shards, layers=3)
     assert (src / INDEX_NAME).exists() == (shards > 1)
-    C.convert(src, tmp_path / "w", progress=False)
+    wc.convert(src, tmp_path / "w", progress=False)
     assert (tmp_path / "w" / INDEX_NAME).exists() == (shards > 1)
-    assert C.verify(src, tmp_path / "w", progress=False).ok
-    C.restore(tmp_path / "w", tmp_path / "r", progress=False)
-    assert C.compare_plain(src, tmp_path / "r").ok
+    assert wc.verify(src, tmp_path / "w", progress=False).ok
+    wc.restore(tmp_path / "w", tmp_path / "r", progress=False)
+    assert wc.compare_plain(src, tmp_path / "r").ok
 
 
 def test_one_safetensors_file(tiny, tmp_path):
     shard = sorted(tiny.glob("*.safetensors"))[0]
-    C.convert(shard, tmp_path / "w", progress=False)
+    wc.convert(shard, tmp_path / "w", progress=False)
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == [shard.name]
-    assert C.verify(shard, tmp_path / "w", progress=False).ok
-    assert C.verify(shard, tmp_path / "w" / shard.name, progress=False).ok
-    assert C.info(tmp_path / "w" / shard.name)["totals"]["converted_tensors"] > 0
+    assert wc.verify(shard, tmp_path / "w", progress=False).ok
+    assert wc.verify(shard, tmp_path / "w" / shard.name, progress=False).ok
+    assert wc.info(tmp_path / "w" / shard.name)["totals"]["converted_tensors"] > 0
 
 
 def test_stacked_experts_and_odd_tensors(tmp_path, rng):
@@ -199,15 +199,15 @@ def test_stacked_experts_and_odd_tensors(tmp_path, rng):
         "empty.weight": torch.zeros(0, 4, dtype=torch.bfloat16),
     }
     save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
-    C.convert(src, tmp_path / "w", progress=False)
+    wc.convert(src, tmp_path / "w", progress=False)
     ck = W12Checkpoint(tmp_path / "w")
     assert set(ck.entries) == {"experts.gate_up.weight", "odd.weight"}
     assert ck.entries["experts.gate_up.weight"].shape == (3, 130, 70)
-    assert C.verify(src, tmp_path / "w", progress=False).ok
+    assert wc.verify(src, tmp_path / "w", progress=False).ok
     with safe_open(tmp_path / "w" / "model.safetensors", "pt") as f:
         for k in f.keys():
             f.get_tensor(k)  # every tensor is aligned for safetensors' in-place views
-    C.restore(tmp_path / "w", tmp_path / "r", progress=False)
+    wc.restore(tmp_path / "w", tmp_path / "r", progress=False)
     back = load_file(tmp_path / "r" / "model.safetensors")
     assert back.keys() == tensors.keys()
     assert all(
@@ -219,14 +219,14 @@ def test_cast_fp32(tmp_path):
     src = tmp_path / "src"
     build_llama_checkpoint(src, "tiny", num_shards=1, dtype=torch.float32)
     with pytest.raises(CheckpointError, match=r"F32.*--cast bf16.*lossy"):
-        C.convert(src, tmp_path / "w", progress=False)
+        wc.convert(src, tmp_path / "w", progress=False)
     assert not (tmp_path / "w").exists()
-    s = C.convert(src, tmp_path / "w", cast="bf16", progress=False)
+    s = wc.convert(src, tmp_path / "w", cast="bf16", progress=False)
     assert s.cast == "bf16"
     assert json.loads((tmp_path / "w" / "config.json").read_text())["quantization_config"]["cast"] == "bf16"
-    r = C.verify(src, tmp_path / "w", progress=False)
+    r = wc.verify(src, tmp_path / "w", progress=False)
     assert r.ok, r.message
-    C.restore(tmp_path / "w", tmp_path / "r", progress=False)
+    wc.restore(tmp_path / "w", tmp_path / "r", progress=False)
     a, b = load_file(src / "model.safetensors"), load_file(tmp_path / "r" / "model.safetensors")
     ck = W12Checkpoint(tmp_path / "w")
     for k in a:
@@ -235,7 +235,7 @@ def test_cast_fp32(tmp_path):
         else:
             assert torch.equal(b[k], a[k])  # not converted: copied as it was
     with pytest.raises(CheckpointError, match="--cast"):
-        C.convert(src, tmp_path / "x", cast="fp8", progress=False)
+        wc.convert(src, tmp_path / "x", cast="fp8", progress=False)
 
 
 def test_force_and_existing_destination(tiny, tmp_path):
@@ -243,35 +243,35 @@ def test_force_and_existing_destination(tiny, tmp_path):
     dst.mkdir()
     (dst / "keep.txt").write_text("mine")
     with pytest.raises(CheckpointError, match="already exists.*--force"):
-        C.convert(tiny, dst, progress=False)
+        wc.convert(tiny, dst, progress=False)
     assert (dst / "keep.txt").read_text() == "mine"
-    C.convert(tiny, dst, force=True, progress=False)
-    assert not (dst / "keep.txt").exists() and C.verify(tiny, dst, progress=False).ok
+    wc.convert(tiny, dst, force=True, progress=False)
+    assert not (dst / "keep.txt").exists() and wc.verify(tiny, dst, progress=False).ok
     assert no_leftovers(tmp_path)
     with pytest.raises(CheckpointError, match="must not be the source"):
-        C.convert(tiny, tiny / "inside", progress=False)
+        wc.convert(tiny, tiny / "inside", progress=False)
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
 def test_interrupted_convert_leaves_nothing(tiny, tmp_path, monkeypatch, exc):
     calls = []
 
-    def boom(t):
+    def boom(t, out=None):
         calls.append(1)
         if len(calls) == 3:
             raise exc("interrupted")
-        return w12.cpu_encoder.encode(t)
+        return w12.cpu_encoder.encode(t, out=out)
 
-    monkeypatch.setattr(C, "encode_tensor", boom)
+    monkeypatch.setattr(wc, "encode_tensor", boom)
     with pytest.raises(exc):
-        C.convert(tiny, tmp_path / "w", progress=False)
+        wc.convert(tiny, tmp_path / "w", progress=False)
     assert not (tmp_path / "w").exists() and no_leftovers(tmp_path)
     # An interrupted --force keeps the old destination whole.
-    C.convert(tiny, tmp_path / "w", progress=False)
+    wc.convert(tiny, tmp_path / "w", progress=False)
     calls.clear()
     before = sorted((p.name, p.stat().st_size) for p in (tmp_path / "w").iterdir())
     with pytest.raises(exc):
-        C.convert(tiny, tmp_path / "w", force=True, progress=False)
+        wc.convert(tiny, tmp_path / "w", force=True, progress=False)
     assert sorted((p.name, p.stat().st_size) for p in (tmp_path / "w").iterdir()) == before
     assert no_leftovers(tmp_path)
 
@@ -291,7 +291,7 @@ def test_peak_memory_is_per_tensor_not_per_model(tmp_path):
 
     ShardWriter.add = spy
     try:
-        C.convert(src, tmp_path / "w", progress=False)
+        wc.convert(src, tmp_path / "w", progress=False)
     finally:
         ShardWriter.add = orig
     assert max(held) < largest  # only small, unaligned tensors wait for the end of the shard
@@ -345,7 +345,7 @@ def test_save_and_load_helpers(tmp_path, rng):
 
 
 def test_progress_bar_and_summary(tiny, tmp_path, capsys):
-    s = C.convert(tiny, tmp_path / "w", progress=True)
+    s = wc.convert(tiny, tmp_path / "w", progress=True)
     err = capsys.readouterr().err
     assert "convert" in err and "tensors/s" in err and "w/s" in err
     table = s.table()
@@ -363,11 +363,11 @@ def test_real_checkpoint_minilm(tmp_path, embeddings):
 
     src = minilm_bf16_folder()
     dst = tmp_path / "w12"
-    s = C.convert(src, dst, embeddings=embeddings, progress=False)
+    s = wc.convert(src, dst, embeddings=embeddings, progress=False)
     assert s.tensors_converted >= 36  # 6 layers x 6 linears (+ pooler, + embeddings)
-    r = C.verify(src, dst, progress=False)
+    r = wc.verify(src, dst, progress=False)
     assert r.ok, r.message
-    d = C.info(dst)
+    d = wc.info(dst)
     assert d["totals"]["escape_rate"] < 5e-4
     # Records and escapes cost 12 bits a weight plus 48 bits an escape; the per-row base (uint8) and
     # esc_ptr (int32) of format section 6 add 40 bits a row, i.e. 0.1 bits a weight at MiniLM's K = 384,
@@ -383,8 +383,8 @@ def test_real_checkpoint_minilm(tmp_path, embeddings):
     if not embeddings:  # the linear layers need no padding: codes and escapes alone are <= 12.02
         assert payload == d["totals"]["weights"] * 12 + d["totals"]["escapes"] * 48
         assert payload / d["totals"]["weights"] <= 12.02
-    C.restore(dst, tmp_path / "back", progress=False)
-    assert C.compare_plain(src, tmp_path / "back").ok
+    wc.restore(dst, tmp_path / "back", progress=False)
+    assert wc.compare_plain(src, tmp_path / "back").ok
     for name in ("tokenizer.json", "modules.json", "1_Pooling/config.json"):
         assert (dst / name).read_bytes() == (src / name).read_bytes()
     assert os.path.getsize(dst / "model.safetensors") < os.path.getsize(src / "model.safetensors")

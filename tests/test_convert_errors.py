@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from w12 import convert as C
+from w12 import convert as wc
 from w12.checkpoint import INDEX_NAME, CheckpointError, W12Checkpoint, load_w12_weights, open_folder
 from w12.synthetic import build_llama_checkpoint
 
@@ -34,7 +34,7 @@ def clean(parent: Path, *names: str) -> bool:
 def good(tmp_path_factory):
     root = tmp_path_factory.mktemp("good")
     build_llama_checkpoint(root / "src", "tiny", num_shards=2, seed=3)
-    C.convert(root / "src", root / "w12", progress=False)
+    wc.convert(root / "src", root / "w12", progress=False)
     return root
 
 
@@ -56,7 +56,7 @@ def shard_of(folder: Path, name: str) -> Path:
 
 def expect_convert_error(src: Path, match: str):
     with pytest.raises(CheckpointError, match=match):
-        C.convert(src, src.parent / "out", progress=False)
+        wc.convert(src, src.parent / "out", progress=False)
     assert clean(src.parent, "out")
 
 
@@ -127,9 +127,9 @@ def test_wrong_dtype_refused_without_cast(tmp_path, dtype):
 def test_integer_tensor_cannot_be_included(tmp_path):
     (tmp_path / "src").mkdir()
     save_file({"q.weight": torch.zeros(4, 4, dtype=torch.int8)}, tmp_path / "src" / "model.safetensors")
-    assert not any(C.select(open_folder(tmp_path / "src")).values())  # not chosen by default
+    assert not any(wc.select(open_folder(tmp_path / "src")).values())  # not chosen by default
     with pytest.raises(CheckpointError, match=r"'q.weight' has dtype I8; W12 converts floating weights only"):
-        C.convert(tmp_path / "src", tmp_path / "out", include=["q"], progress=False)
+        wc.convert(tmp_path / "src", tmp_path / "out", include=["q"], progress=False)
     assert clean(tmp_path, "out")
 
 
@@ -174,21 +174,21 @@ def test_folder_without_safetensors(tmp_path):
     (tmp_path / "src" / "pytorch_model.bin").write_bytes(b"x")
     expect_convert_error(tmp_path / "src", r"no \*.safetensors files \(found pytorch_model.bin")
     with pytest.raises(CheckpointError, match="no such file or folder"):
-        C.convert(tmp_path / "nope", tmp_path / "out", progress=False)
+        wc.convert(tmp_path / "nope", tmp_path / "out", progress=False)
 
 
 def test_bad_regex(src):
     with pytest.raises(CheckpointError, match=r"--include '\(': not a valid regular expression"):
-        C.convert(src, src.parent / "out", include=["("], progress=False)
+        wc.convert(src, src.parent / "out", include=["("], progress=False)
 
 
 # -- W12 folders -----------------------------------------------------------------------------------
 def all_readers(src: Path, w: Path, match: str):
     """verify, restore, info and the loader all refuse the folder, naming the problem."""
     with pytest.raises(CheckpointError, match=match):
-        C.verify(src, w, progress=False)
+        wc.verify(src, w, progress=False)
     with pytest.raises(CheckpointError, match=match):
-        C.restore(w, w.parent / "restored", progress=False)
+        wc.restore(w, w.parent / "restored", progress=False)
     assert clean(w.parent, "restored")
     with pytest.raises(CheckpointError, match=match):
         load_w12_weights(w)
@@ -199,7 +199,7 @@ def test_unknown_w12_version(good, w12dir):
     rewrite_header(shard, lambda h: h["__metadata__"].update(w12_version="2"))
     all_readers(good / "src", w12dir, rf"{shard.name}: unknown W12 format version '2'")
     with pytest.raises(CheckpointError, match="unknown W12 format version"):
-        C.info(w12dir)
+        wc.info(w12dir)
 
 
 def test_unknown_config_version(good, w12dir):
@@ -273,7 +273,7 @@ def test_w12_bit_flip_is_a_mismatch(good, w12dir):
     # hi byte of element (row 130, column 70): row tile 1, column tile 1, slot (2, 6)
     raw[info.start + (1 * kt + 1) * 12288 + 2 * 64 + 6] ^= 0x01
     path.write_bytes(bytes(raw))
-    r = C.verify(good / "src", w12dir, progress=False)
+    r = wc.verify(good / "src", w12dir, progress=False)
     assert not r.ok
     assert r.mismatch["tensor"] == name and (r.mismatch["row"], r.mismatch["column"]) == (130, 70)
     assert f"{path.name}: {name}: row 130, column 70" in r.message
@@ -282,17 +282,17 @@ def test_w12_bit_flip_is_a_mismatch(good, w12dir):
 def test_verify_detects_a_different_source(good, tmp_path):
     other = tmp_path / "other"
     build_llama_checkpoint(other, "tiny", num_shards=2, seed=99)
-    r = C.verify(other, good / "w12", progress=False)
+    r = wc.verify(other, good / "w12", progress=False)
     assert not r.ok and r.mismatch["tensor"] == "model.embed_tokens.weight" and "byte" in r.mismatch
     (tmp_path / "fewer").mkdir()
     save_file({"x.weight": torch.zeros(4, 4, dtype=torch.bfloat16)}, tmp_path / "fewer" / "model.safetensors")
-    r = C.verify(tmp_path / "fewer", good / "w12", progress=False)
+    r = wc.verify(tmp_path / "fewer", good / "w12", progress=False)
     assert not r.ok and "'x.weight' is in SRC but missing from DST" in r.message
 
 
 def test_not_a_w12_folder(good):
     with pytest.raises(CheckpointError, match=r"not a W12 shard \(its metadata has format='pt'"):
-        C.info(good / "src")
+        wc.info(good / "src")
     with pytest.raises(CheckpointError, match="not a W12 shard"):
-        C.restore(good / "src", good / "restored", progress=False)
+        wc.restore(good / "src", good / "restored", progress=False)
     assert clean(good, "restored")

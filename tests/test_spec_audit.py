@@ -27,8 +27,11 @@ def model():
 
 def _ar(model, prompt, n):
     out = model.generate(
-        prompt.view(1, -1), attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long), max_new_tokens=n,
-        do_sample=False, pad_token_id=0,
+        prompt.view(1, -1),
+        attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
+        max_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
     )
     return out[0, prompt.numel() :]
 
@@ -74,7 +77,7 @@ def test_margin_is_logprob_gap(model):
 
 
 def test_verdict_rules():
-    base = ForcingStats([ForcedSequence(1000, [1, 2], [0.1, 0.2], 0.0)])  # delta = 0.25 -> large = 0.5
+    base = ForcingStats([ForcedSequence(1000, [1, 2], [0.2, 0.1], 0.0)])  # first 0.2 -> delta 0.25 -> large 0.5
     same = ForcingStats([ForcedSequence(1000, [3, 4], [0.05, 0.3], 0.0)])
     assert verdict(same, base).lossless
     many = ForcingStats([ForcedSequence(1000, list(range(9)), [0.01] * 9, 0.0)])  # +0.7 points

@@ -144,7 +144,11 @@ def test_tree_argument_errors():
     with pytest.raises(ValueError, match="DraftRequest"):
         DraftRequest(depth=0, beam=1, topk=1)
     bad = TreeBatch(
-        torch.tensor([[1, 2]]), torch.tensor([[-1, 0]]), torch.tensor([[1, 3]]), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
+        torch.tensor([[1, 2]]),
+        torch.tensor([[-1, 0]]),
+        torch.tensor([[1, 3]]),
+        torch.zeros(1, 2),
+        torch.ones(1, 2, dtype=torch.bool),
     )
     with pytest.raises(ValueError, match="depth"):
         bad.validate()

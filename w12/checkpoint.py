@@ -18,10 +18,13 @@ writes such folders (and plain BF16 ones) without ever holding a whole shard in 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import mmap
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +40,8 @@ W12_VERSION = str(FORMAT_VERSION)
 # safetensors' own parser refuses larger headers; a larger one here means a corrupt length field.
 MAX_HEADER_BYTES = 100_000_000
 COPY_CHUNK = 64 << 20
+# copy_file_range refusals that mean "copy through user space instead"
+_NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 
 # safetensors dtype name -> (torch dtype, bytes per element)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -243,18 +248,55 @@ class SafetensorsFile:
             _preadv_exact(self._fileno(), memoryview(buf.numpy()), t.start, self.path, name)
         return buf.view(DTYPES[t.dtype][0]).view(t.shape)
 
-    def copy_to(self, name: str, out) -> None:
-        """Streams the raw bytes of ``name`` into the binary file ``out`` in bounded chunks."""
+    def map(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` as a read-only view of the file's pages (no copy, no anonymous memory).
+
+        The pages are populated when mapped, so a reader thread that calls this prefetches the
+        tensor for the thread that uses it. Falls back to ``read`` where a view is impossible.
+        Never write into the result.
+        """
         t = self.info(name)
-        chunk = torch.empty(min(COPY_CHUNK, t.nbytes), dtype=torch.uint8)
+        dtype, size = DTYPES[t.dtype]
+        start = t.start - t.start % mmap.ALLOCATIONGRANULARITY
+        if t.nbytes == 0 or (t.start - start) % size:
+            return self.read(name)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        try:
+            mm = mmap.mmap(self._fileno(), t.end - start, flags=flags, prot=mmap.PROT_READ, offset=start)
+        except (OSError, ValueError):
+            return self.read(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "buffer is not writable": the view is only ever read
+            x = torch.frombuffer(mm, dtype=torch.uint8, count=t.nbytes, offset=t.start - start)
+        return x.view(dtype).view(t.shape)
+
+    def copy_to(self, name: str, out) -> None:
+        """Appends the raw bytes of ``name`` to the binary file ``out``: in the kernel where the
+        file system allows (``copy_file_range``), else in bounded chunks through user space."""
+        t = self.info(name)
+        out.flush()
+        pos, done = out.tell(), 0
+        try:
+            while done < t.nbytes:
+                n = os.copy_file_range(self._fileno(), out.fileno(), t.nbytes - done, t.start + done, pos + done)
+                if n <= 0:
+                    raise CheckpointError(f"{self.path}: tensor {name!r}: unexpected end of file")
+                done += n
+        except (OSError, AttributeError) as e:
+            if isinstance(e, OSError) and e.errno not in _NO_COPY_RANGE:
+                raise
+        out.seek(pos + done)
+        if done == t.nbytes:
+            return
+        chunk = torch.empty(min(COPY_CHUNK, t.nbytes - done), dtype=torch.uint8)
         view = memoryview(chunk.numpy())
-        for pos in range(t.start, t.end, COPY_CHUNK):
-            m = min(COPY_CHUNK, t.end - pos)
-            _preadv_exact(self._fileno(), view[:m], pos, self.path, name)
+        for off in range(t.start + done, t.end, COPY_CHUNK):
+            m = min(COPY_CHUNK, t.end - off)
+            _preadv_exact(self._fileno(), view[:m], off, self.path, name)
             out.write(view[:m])
 
 
-def _read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -289,6 +331,9 @@ class Folder:
 
     def read(self, name: str) -> torch.Tensor:
         return self.file_of(name).read(name)
+
+    def map(self, name: str) -> torch.Tensor:
+        return self.file_of(name).map(name)
 
     def tensor_names(self) -> list[str]:
         """Every tensor, shard by shard, in file order (sequential reads)."""
@@ -341,7 +386,7 @@ def open_folder(path) -> Folder:
             raise CheckpointError(f"{path}: {len(present)} *.safetensors files but no {INDEX_NAME} to say how they fit")
         f = SafetensorsFile(path / present[0])
         return Folder(path, {present[0]: f}, dict.fromkeys(f.tensors, present[0]), None)
-    index = _read_json(index_path, "index")
+    index = read_json(index_path, "index")
     wmap = index.get("weight_map")
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
         raise CheckpointError(f"{index_path}: corrupt index (no weight_map of tensor name -> shard file)")
@@ -586,7 +631,7 @@ class W12Checkpoint:
         self.path = Path(path)
         self.config: dict | None = None
         if self.folder.config_path is not None:
-            self.config = _read_json(self.folder.config_path, "config")
+            self.config = read_json(self.folder.config_path, "config")
             qc = self.config.get("quantization_config")
             if qc is not None:
                 if not isinstance(qc, dict) or qc.get("quant_method") != "w12":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import resource
 import shutil
@@ -37,8 +38,10 @@ from .checkpoint import (
     Planned,
     ShardWriter,
     W12Checkpoint,
+    is_linear_weight,
     open_folder,
     quantization_config,
+    read_json,
     w12_metadata,
     w12_names,
     w12_plan,
@@ -180,8 +183,6 @@ class _Task:
 
 def select(folder: Folder, include=None, exclude=None, embeddings: bool = False) -> dict[str, bool]:
     """``{name: convert?}`` for every tensor, by the rule documented in ``w12 convert --help``."""
-    from .checkpoint import is_linear_weight
-
     inc = [_compile(r, "--include") for r in include or []]
     exc = [_compile(r, "--exclude") for r in exclude or []]
     out = {}
@@ -230,9 +231,30 @@ def _check_plan(folder: Folder, chosen: dict[str, bool], cast: str | None) -> No
             seen[tname] = name
 
 
-def encode_tensor(t: torch.Tensor) -> dict:
-    """The five W12 tensors of a BF16 CPU tensor: the fused encoder, identical to the reference."""
-    return cpu_encoder.encode(t)
+def encode_tensor(t: torch.Tensor, out: torch.Tensor | None = None) -> dict:
+    """The five W12 tensors of a BF16 CPU tensor: the fused encoder, identical to the reference;
+    ``out`` is a reusable buffer for the records."""
+    return cpu_encoder.encode(t, out=out)
+
+
+class _BufferPool:
+    """Two reusable record buffers, handed from the encoder to the writer and back.
+
+    Fresh allocations cost a page fault every 4 KB (as much kernel time as encoding itself); two
+    buffers keep one tensor encoding while the previous one is written, and bound the memory.
+    """
+
+    def __init__(self, n: int = 2):
+        self.free: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(n):
+            self.free.put(torch.empty(0, dtype=torch.uint8))
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        buf = self.free.get()
+        return buf if buf.numel() >= nbytes else torch.empty(nbytes, dtype=torch.uint8)
+
+    def put(self, buf: torch.Tensor) -> None:
+        self.free.put(buf)
 
 
 def convert(
@@ -260,14 +282,19 @@ def convert(
     fsync = _env_flag("W12_FSYNC", True) if fsync is None else fsync
     _check_not_inside(src, dst)
     folder = open_folder(src)
+    try:
+        return _convert(folder, src, dst, include, exclude, embeddings, cast, force, progress, fsync, t0)
+    finally:
+        folder.close()
+
+
+def _convert(folder, src, dst, include, exclude, embeddings, cast, force, progress, fsync, t0) -> ConvertSummary:
     for f in folder.files.values():
         if f.metadata.get("format") == "w12":
             raise CheckpointError(f"{f.path}: already a W12 checkpoint")
     config = None
     if folder.config_path is not None:
-        from .checkpoint import _read_json
-
-        config = _read_json(folder.config_path, "config")
+        config = read_json(folder.config_path, "config")
         qc = config.get("quantization_config")
         if qc is not None:
             method = qc.get("quant_method") if isinstance(qc, dict) else qc
@@ -297,7 +324,6 @@ def convert(
             )
             _write_json(tmp / CONFIG_NAME, config)
         _copy_side_files(folder, tmp)
-    folder.close()
     summary.seconds = time.perf_counter() - t0
     summary.peak_rss_bytes = peak_rss_bytes()
     return summary
@@ -322,6 +348,7 @@ def _convert_shards(folder: Folder, tasks, out: Path, cast, summary: ConvertSumm
         (out / shard).parent.mkdir(parents=True, exist_ok=True)
         writers[shard] = ShardWriter(out / shard, plan, w12_metadata(entries, f.metadata))
 
+    pool = _BufferPool(2)
     reader = ThreadPoolExecutor(1, thread_name_prefix="w12-read")
     writer = ThreadPoolExecutor(1, thread_name_prefix="w12-write")
     pending: deque[Future] = deque()
@@ -331,7 +358,7 @@ def _convert_shards(folder: Folder, tasks, out: Path, cast, summary: ConvertSumm
     t_start = time.perf_counter()
     conv = [t for t in tasks if t.convert]
     nxt = {id(a): b for a, b in zip(conv, conv[1:])}
-    fut = reader.submit(folder.read, conv[0].name) if conv else None
+    fut = reader.submit(folder.map, conv[0].name) if conv else None
     try:
         last_shard = None
         for i, task in enumerate(tasks):
@@ -342,10 +369,15 @@ def _convert_shards(folder: Folder, tasks, out: Path, cast, summary: ConvertSumm
             if task.convert:
                 t = fut.result()
                 follow = nxt.get(id(task))
-                fut = reader.submit(folder.read, follow.name) if follow is not None else None
+                fut = reader.submit(folder.map, follow.name) if follow is not None else None
                 if cast is not None and t.dtype != torch.bfloat16:
                     t = t.to(CASTS[cast])
-                parts = encode_tensor(t)
+                buf = pool.get(cpu_encoder.records_nbytes(t.shape))
+                try:
+                    parts = encode_tensor(t, out=buf)
+                except BaseException:
+                    pool.put(buf)
+                    raise
                 del t
                 tensors = dict(zip(w12_names(task.name), parts.values()))
                 nbytes = sum(p.numel() * p.element_size() for p in tensors.values())
@@ -357,11 +389,11 @@ def _convert_shards(folder: Folder, tasks, out: Path, cast, summary: ConvertSumm
                 summary.escapes += nnz
                 summary.output_tensor_bytes += nbytes
                 summary.per_tensor.append((task.name, list(folder.info(task.name).shape), nbytes * 8 / task.numel, nnz))
-                pending.append(writer.submit(_write_parts, w, tensors))
+                pending.append(writer.submit(_write_parts, w, tensors, pool, buf))
             else:
                 summary.tensors_copied += 1
                 summary.output_tensor_bytes += folder.info(task.name).nbytes
-                pending.append(writer.submit(w.copy_from, task.name, folder.file_of(task.name)))
+                pending.append(writer.submit(_copy, w, task.name, folder.file_of(task.name)))
             # Bound the queue: two tensors in flight keeps the writer busy without holding more.
             while len(pending) > 2:
                 pending.popleft().result()
@@ -386,13 +418,32 @@ def _convert_shards(folder: Folder, tasks, out: Path, cast, summary: ConvertSumm
     return weight_map
 
 
-def _write_parts(w: ShardWriter, tensors: dict) -> None:
-    for name, t in tensors.items():
-        w.add(name, t)
+def _write_parts(w: ShardWriter, tensors: dict, pool: _BufferPool, buf: torch.Tensor) -> None:
+    try:
+        for name, t in tensors.items():
+            try:
+                w.add(name, t)
+            except OSError as e:  # disk full and the like: say which file
+                raise OSError(e.errno, f"writing {name} to {w.path}: {e.strerror or e}") from e
+    finally:
+        tensors.clear()
+        pool.put(buf)  # always, so the encoder never waits for a buffer that will not come back
+
+
+def _copy(w: ShardWriter, name: str, src) -> None:
+    try:
+        w.copy_from(name, src)
+    except CheckpointError:
+        raise
+    except OSError as e:
+        raise OSError(e.errno, f"copying {name} to {w.path}: {e.strerror or e}") from e
 
 
 def _close_writer(w: ShardWriter, fsync: bool, summary: ConvertSummary) -> None:
-    summary.output_bytes += w.close(fsync=fsync)
+    try:
+        summary.output_bytes += w.close(fsync=fsync)
+    except OSError as e:
+        raise OSError(e.errno, f"finishing {w.path}: {e.strerror or e}") from e
 
 
 # ------------------------------------------------------------------------------------------------

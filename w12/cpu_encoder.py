@@ -1,4 +1,4 @@
-"""A fused CPU encoder for bulk conversion, bit-identical to ``w12.reference.encode``.
+"""A fused CPU encoder (and decoder) for bulk conversion, bit-identical to ``w12.reference``.
 
 The reference encoder is about twenty vectorised torch passes over each weight; converting a
 checkpoint on a 2-core machine needs fewer. This module compiles (once, with the system C
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -122,6 +123,35 @@ void w12_codes(const uint16_t *x, int64_t n, int64_t k, int64_t r0, int64_t r1, 
         }
     }
 }
+
+/* Decode global rows [r0, r1) of a stack [rows / n, n, k] from layout-0 records into out (int16
+   bit patterns), escapes last. Returns 0, or 1 if an escape column is out of range. */
+int w12_decode(const uint8_t *records, int64_t n, int64_t k, int64_t r0, int64_t r1, const uint8_t *base,
+               const int32_t *esc_ptr, const int32_t *esc_col, const int16_t *esc_val, int16_t *out) {
+    const int64_t nt = (n + 127) / 128, kt = (k + 63) / 64;
+    int bad = 0;
+    for (int64_t g = r0; g < r1; g++) {
+        const int64_t m = g / n, r = g % n, rin = r % 128;
+        const uint8_t *tile = records + ((m * nt + r / 128) * kt) * 12288;
+        const int16_t b7 = (int16_t)(base[g] << 7);
+        int16_t *o = out + g * k;
+        for (int64_t t = 0; t < kt; t++, tile += 12288) {
+            const uint8_t *hi = tile + rin * 64, *lo = tile + 8192 + rin * 32;
+            int16_t buf[64];
+            for (int c = 0; c < 64; c++) {
+                int16_t code = (int16_t)((hi[c] << 4) | ((lo[c >> 1] >> ((c & 1) * 4)) & 0xF));
+                buf[c] = (int16_t)((((code & 0x7FF) + b7) | ((code & 0x800) << 4)));
+            }
+            const int64_t c0 = t * 64;
+            memcpy(o + c0, buf, (size_t)((k - c0 < 64) ? k - c0 : 64) * 2);
+        }
+        for (int32_t e = esc_ptr[g]; e < esc_ptr[g + 1]; e++) {
+            if (esc_col[e] < 0 || esc_col[e] >= k) { bad = 1; continue; }
+            o[esc_col[e]] = esc_val[e];
+        }
+    }
+    return bad;
+}
 """
 
 _lib = None
@@ -165,6 +195,8 @@ def _build() -> ctypes.CDLL:
     lib.w12_bases.restype = None
     lib.w12_codes.argtypes = [p, i64, i64, i64, i64, p, p, p, p, p]
     lib.w12_codes.restype = None
+    lib.w12_decode.argtypes = [p, i64, i64, i64, i64, p, p, p, p, p]
+    lib.w12_decode.restype = ctypes.c_int
     return lib
 
 
@@ -218,8 +250,18 @@ def _run_split(fn, rows: int, threads: int, align: int):
         f.result()
 
 
-def encode(weight: torch.Tensor, threads: int | None = None) -> dict:
-    """Same contract and output as ``w12.reference.encode`` (a BF16 CPU tensor ``[..., N, K]``)."""
+def records_nbytes(shape) -> int:
+    *batch, n, k = shape
+    return math.prod(batch) * ceil_div(n, TILE_N) * ceil_div(k, TILE_K) * RECORD_BYTES
+
+
+def encode(weight: torch.Tensor, threads: int | None = None, out: torch.Tensor | None = None) -> dict:
+    """Same contract and output as ``w12.reference.encode`` (a BF16 CPU tensor ``[..., N, K]``).
+
+    ``out``: an optional uint8 buffer of at least ``records_nbytes(shape)`` bytes to hold the
+    records (reusing memory saves the page faults of a fresh allocation); every byte of the
+    records is written, whatever the buffer held.
+    """
     if backend() == "torch":
         return reference.encode(weight)
     if weight.dtype != torch.bfloat16:
@@ -234,7 +276,13 @@ def encode(weight: torch.Tensor, threads: int | None = None) -> dict:
     mats = x.numel() // (n * k)
     rows = mats * n
     nt, kt = ceil_div(n, TILE_N), ceil_div(k, TILE_K)
-    records = torch.empty((mats, nt, kt, RECORD_BYTES), dtype=torch.uint8)
+    need = mats * nt * kt * RECORD_BYTES
+    if out is not None:
+        if out.dtype != torch.uint8 or out.device.type != "cpu" or not out.is_contiguous() or out.numel() < need:
+            raise ValueError(f"out must be a contiguous CPU uint8 buffer of at least {need} bytes")
+        records = out.view(-1)[:need].view(mats, nt, kt, RECORD_BYTES)
+    else:
+        records = torch.empty((mats, nt, kt, RECORD_BYTES), dtype=torch.uint8)
     if n % TILE_N:  # padding rows of the last row tile are never written by the C loop
         rin = n % TILE_N
         records[:, -1, :, rin * TILE_K : TILE_N * TILE_K] = 0
@@ -262,3 +310,30 @@ def encode(weight: torch.Tensor, threads: int | None = None) -> dict:
         esc_col=esc_col,
         esc_val=esc_val,
     )
+
+
+def decode(w) -> torch.Tensor:
+    """The exact BF16 tensor of a ``W12Weight`` on the CPU: same result as ``w12.unpack``.
+
+    The fused loop serves layout-0 CPU weights (what checkpoints hold); anything else, or no C
+    compiler, goes to the reference decoder. Raises ``W12FormatError`` on out-of-range escapes.
+    """
+    from .weight import W12FormatError
+
+    if w.layout != 0 or w.records.device.type != "cpu" or backend() == "torch":
+        return torch.ops.w12.unpack(*w.tensors(), w.N, w.K, w.layout, False).view(w.shape)
+    n, k, rows = w.N, w.K, w.num_matrices * w.N
+    out = torch.empty(w.shape, dtype=torch.int16)
+    tensors = [t.contiguous() for t in w.tensors()]
+    ptrs = [t.data_ptr() for t in tensors]
+    bad = []
+    lib = _lib
+
+    def run(a, b):
+        if lib.w12_decode(ptrs[0], n, k, a, b, *ptrs[1:], out.data_ptr()):
+            bad.append((a, b))
+
+    _run_split(run, rows, _threads(), TILE_N)
+    if bad:
+        raise W12FormatError(f"W12 weight {list(w.shape)}: w12_esc_col holds columns outside [0, {k})")
+    return out.view(torch.bfloat16)

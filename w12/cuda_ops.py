@@ -10,8 +10,11 @@ Settings (environment, read on each call):
   ``W12_GEMM_CTAS_PER_SM`` (default 2): the K-split aims at this many CTAs per SM. The split is a
       function of (N, K, SM count, this value) only, never of M.
   ``W12_GEMM_STAGES`` (default 3; 3 or 4): depth of the kernel's async-copy ring.
-  ``W12_GEMM_FALLBACK_M`` (default 192): above this many token rows the op decodes the weight
-      and calls cuBLAS instead of running the fused kernel in 64-row passes.
+  ``W12_GEMM_FALLBACK_M`` (default 64): above this many token rows the op decodes the weight
+      and calls cuBLAS instead of running the fused kernel in 64-row passes (the kernel's
+      determinism across M holds for M up to this value).
+  ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
+      kernels_sm120/gemm_w12_mma.cuh); 1 and 2 skip work and give wrong results on purpose.
 """
 
 from __future__ import annotations
@@ -288,7 +291,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
             "permuting on every call (store them with W12Weight.with_layout(w12.cuda_ops.preferred_layout()))",
         )
         records = _permute(records, layout, layouts.MMA_SYNC_LAYOUT)
-    if m > _env_int("W12_GEMM_FALLBACK_M", 192):
+    if m > _env_int("W12_GEMM_FALLBACK_M", 64):
         # Prefill: decode once and let cuBLAS run the GEMM (documented in docs/perf-notes.md).
         w = torch.ops.w12.unpack(records, base, esc_ptr, esc_col, esc_val, n, k, layouts.MMA_SYNC_LAYOUT, False)
         return F.linear(x2, w, None if bias is None else bias.to(torch.bfloat16)).view(out_shape)
@@ -322,7 +325,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
         None if counters is None else counters.data_ptr(),
         tgt,
         stages,
-        _env_int("W12_GEMM_DIAG", 0, allowed=set(range(8))) if "W12_GEMM_DIAG" in os.environ else 0,
+        _env_int("W12_GEMM_DIAG", 0, allowed=set(range(32))) if "W12_GEMM_DIAG" in os.environ else 0,
         stream.cuda_stream,
     )
     if code != 0:

@@ -104,6 +104,11 @@ def convert_layout(records: torch.Tensor, src: int, dst: int) -> torch.Tensor:
         )
     if src == dst:
         return records.clone()
+    if records.is_cuda and records.is_contiguous():
+        from . import cuda_codec  # the permutation kernel; imported late to keep format.py a leaf
+
+        if cuda_codec.available():
+            return cuda_codec.convert_layout(records, src, dst)
     s, d = get_layout(src), get_layout(dst)
     # slot in dst -> layout-0 element -> slot in src
     gather = s.inv[d.perm].to(records.device)

@@ -42,12 +42,12 @@ KPAD = 64  # the GPU kernels' K granularity; the exact routine's γ uses the pad
 def _f32_up(x: torch.Tensor) -> torch.Tensor:
     """Rounds float64 values up to float32 (the smallest float32 ≥ x)."""
     y = x.to(torch.float32)
-    return torch.where(y.double() < x, torch.nextafter(y, torch.tensor(math.inf, dtype=torch.float32)), y)
+    return torch.where(y.double() < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
 
 
 def _f32_down(x: torch.Tensor) -> torch.Tensor:
     y = x.to(torch.float32)
-    return torch.where(y.double() > x, torch.nextafter(y, torch.tensor(-math.inf, dtype=torch.float32)), y)
+    return torch.where(y.double() > x, torch.nextafter(y, torch.full_like(y, -math.inf)), y)
 
 
 def _norm_up(x64: torch.Tensor) -> torch.Tensor:

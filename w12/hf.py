@@ -436,6 +436,13 @@ def _save_pretrained_w12(self, save_directory, *args, **kwargs):
 def attach_to_model(model) -> None:
     """Marks a patched Transformers model as W12-quantized so ``save_pretrained`` writes a W12 folder."""
     config_cls, quantizer_cls = register()
+    current = getattr(model, "hf_quantizer", None)
+    if current is not None and getattr(current.quantization_config, "quant_method", None) != QUANT_METHOD:
+        method = getattr(current.quantization_config, "quant_method", "?")
+        logger.warning(
+            "w12: the model is already quantized with %s; save_pretrained will not write a W12 folder", method
+        )
+        return
     cfg = config_cls()
     model.hf_quantizer = quantizer_cls(cfg, pre_quantized=True)
     model.config.quantization_config = cfg

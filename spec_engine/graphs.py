@@ -1,0 +1,133 @@
+"""Static-shape verify for CUDA graphs: one captured forward per tree size.
+
+The KV cache is preallocated (`KVCache.allocate_static`), every verify attends the whole buffer with
+the unused columns masked, and the rows are written at device indices, so the forward for R rows has
+the same shapes at every step and can be captured once and replayed. The inputs (ids, positions,
+mask, write indices) are static buffers refilled before each replay, on the device, without a sync.
+Off CUDA (or with `use_graphs=False`) the same static path runs eagerly, which is how it is tested
+on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import KVCache
+from .tree import TreeBatch
+from .verify import CausalLM, VerifyOutput
+
+
+def _kv_shape(model) -> tuple[int, int]:
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return int(kv), int(head_dim)
+
+
+class StaticVerifier:
+    """Prefill and tree verify over a static KV cache, CUDA-graphed per row count when possible."""
+
+    def __init__(self, target: CausalLM, capacity: int, use_graphs: bool | None = None):
+        self.lm = target
+        self.capacity = int(capacity)
+        self.cache = KVCache(target.num_layers, self.capacity)
+        kv, hd = _kv_shape(target.model)
+        self.cache.allocate_static(1, kv, hd, target.dtype, target.device)
+        self.use_graphs = (target.device.type == "cuda") if use_graphs is None else bool(use_graphs)
+        self._slots: dict[int, dict] = {}  # rows -> static buffers (+ graph)
+        self.graph_errors: dict[int, str] = {}
+        self._min = torch.finfo(target.dtype).min
+        self._cols = torch.arange(self.capacity, device=target.device)
+
+    def _run(self, slot) -> torch.Tensor:
+        self.cache.write_index = slot["widx"]
+        out = self.lm.decoder(
+            input_ids=slot["ids"],
+            position_ids=slot["pos"],
+            attention_mask=slot["mask"],
+            use_cache=True,
+            **{self.lm._cache_kw: self.cache},
+        )
+        return self.lm.head(out.last_hidden_state)
+
+    def _slot(self, rows: int) -> dict:
+        if rows in self._slots:
+            return self._slots[rows]
+        dev = self.lm.device
+        slot = {
+            "ids": torch.zeros(1, rows, dtype=torch.long, device=dev),
+            "pos": torch.zeros(1, rows, dtype=torch.long, device=dev),
+            "mask": torch.full((1, 1, rows, self.capacity), self._min, dtype=self.lm.dtype, device=dev),
+            "widx": torch.zeros(rows, dtype=torch.long, device=dev),
+            "graph": None,
+        }
+        self._slots[rows] = slot
+        return slot
+
+    def _fill(self, slot, ids, pos, allowed_tail, base):
+        """allowed_tail [rows, rows]: which of the rows being written each row may see."""
+        rows = ids.shape[-1]
+        if base + rows > self.capacity:
+            raise ValueError(f"StaticVerifier: {base} + {rows} rows exceed the cache capacity {self.capacity}")
+        slot["ids"].copy_(ids.view(1, rows))
+        slot["pos"].copy_(pos.view(1, rows))
+        slot["widx"].copy_(torch.arange(base, base + rows, device=ids.device))
+        allowed = (self._cols < base).unsqueeze(0).expand(rows, self.capacity).clone()
+        allowed[:, base : base + rows] = allowed_tail
+        m = slot["mask"][0, 0]
+        m.fill_(self._min)
+        m.masked_fill_(allowed, 0.0)
+
+    def _forward(self, rows: int) -> torch.Tensor:
+        slot = self._slot(rows)
+        if not self.use_graphs or rows in self.graph_errors:
+            return self._run(slot)
+        if slot["graph"] is None:
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        self._run(slot)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    slot["out"] = self._run(slot)
+                slot["graph"] = graph
+            except Exception as exc:  # fall back to eager for this shape, and say why
+                self.graph_errors[rows] = f"{type(exc).__name__}: {exc}"
+                return self._run(slot)
+        slot["graph"].replay()
+        return slot["out"].clone()
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Causal prefill of `ids` (1-D) after the committed rows (eager: prompts vary in length)."""
+        ids = ids.view(-1).to(self.lm.device)
+        t = ids.numel()
+        base = self.cache.length
+        slot = {
+            "ids": None,
+            "pos": None,
+            "mask": torch.full((1, 1, t, self.capacity), self._min, dtype=self.lm.dtype, device=self.lm.device),
+            "widx": None,
+        }
+        slot["ids"], slot["pos"] = ids.view(1, t).clone(), torch.zeros(1, t, dtype=torch.long, device=ids.device)
+        slot["widx"] = torch.zeros(t, dtype=torch.long, device=ids.device)
+        tri = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
+        self._fill(slot, ids, torch.arange(base, base + t, device=ids.device), tri, base)
+        self._run(slot)
+        self.cache.length = base + t
+
+    @torch.no_grad()
+    def verify(self, root: torch.Tensor, tree: TreeBatch) -> VerifyOutput:
+        """Same contract as `verify.verify` (rows written after `cache.length`, not committed)."""
+        if tree.batch != 1:
+            raise ValueError(f"StaticVerifier: one request per verify for now, got {tree.batch}")
+        base = self.cache.length
+        rows = tree.nodes + 1
+        slot = self._slot(rows)
+        ids = torch.cat([root.view(1), tree.tokens[0]])
+        self._fill(slot, ids, tree.row_positions(base)[0], tree.rows_ancestors()[0], base)
+        return VerifyOutput(argmax=self._forward(rows).view(1, rows), base=base)
