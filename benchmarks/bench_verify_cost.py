@@ -286,6 +286,12 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=None, help="tokens in the KV cache before verify (default 512)")
     ap.add_argument("--reps", type=int, default=None, help="timed verifies per shape (default 50, quick 20)")
     ap.add_argument("--no-w12", action="store_true", help="skip the W12 rows")
+    ap.add_argument(
+        "--w12-models",
+        nargs="*",
+        default=None,
+        help="configs that also get W12 rows (default: all; --quick: the 1.5B only, packing 8B weights takes long)",
+    )
     ap.add_argument("--tau-json", default=str(Path(__file__).parent / "results" / "tau_cpu.json"))
     ap.add_argument("--replay-trees", nargs="*", default=["chain/8", "best-first/16", "best-first/32", "best-first/64"])
     ap.add_argument("--replay-prompts", type=int, default=None, help="traces per tree (default 8, quick 3)")
@@ -327,15 +333,23 @@ def main(argv=None) -> int:
         "notes": [],
     }
     variants = ["bf16"] + ([] if args.no_w12 else ["w12"])
+    w12_models = args.w12_models
+    if w12_models is None:
+        w12_models = models[:1] if args.quick else models
     for name in models:
         for var in variants:
+            if var == "w12" and name not in w12_models:
+                result["notes"].append(f"{name} w12 not run (--w12-models)")
+                continue
             model = build_model(name, dtype, device)
             if var == "w12":
+                t0 = time.perf_counter()
                 model, why = try_w12_patch(model)
                 if model is None:
                     print(f"[{name} w12] skipped: {why}")
                     result["notes"].append(f"{name} w12 skipped: {why}")
                     continue
+                result.setdefault("w12_patch_seconds", {})[name] = time.perf_counter() - t0
             result["cost"][f"{name}/{var}"] = cost_curve(model, rows_list, context, reps, f"{name}/{var}")
             del model
             if device.type == "cuda":

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .verify import CausalLM
+from .verify import CausalLM, head_weight
 
 
 @dataclass
@@ -108,7 +108,7 @@ class Scorer:
         seq = torch.cat([prompt_ids, output_ids[:-1]]).to(dev).view(1, -1)
         cache = self.lm.new_cache(seq.shape[1] + 1)
         hidden = self.lm.prefill(cache, seq)[0, prompt_ids.numel() - 1 :]  # rows that predict the output
-        w = self.lm.lm_head.weight.float()
+        w = head_weight(self.lm.lm_head).float()
         b = getattr(self.lm.lm_head, "bias", None)
         logp = torch.log_softmax(torch.nn.functional.linear(hidden.float(), w, None if b is None else b.float()), -1)
         top2 = torch.topk(logp, 2, dim=-1)

@@ -58,6 +58,16 @@ def _num_layers(model) -> int:
     return int(n)
 
 
+def head_weight(lm_head: torch.nn.Module) -> torch.Tensor:
+    """The output projection's dense weight `[V, H]` (decoded for a W12-patched head)."""
+    w = getattr(lm_head, "weight", None)
+    if isinstance(w, torch.Tensor):
+        return w
+    if hasattr(lm_head, "dequantized_weight"):
+        return lm_head.dequantized_weight()
+    raise TypeError(f"{type(lm_head).__name__}: cannot get a dense weight from this LM head")
+
+
 class ArgmaxHead:
     """Default verify head: full-vocabulary logits, argmax per row (computed in `dtype`, FP32 by default).
 
@@ -68,10 +78,10 @@ class ArgmaxHead:
         self.dtype = dtype
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.dtype is None or self.dtype == self.lm_head.weight.dtype:
+        if self.dtype is None:
             logits = self.lm_head(hidden)
         else:
-            w = self.lm_head.weight.to(self.dtype)
+            w = head_weight(self.lm_head).to(self.dtype)
             b = getattr(self.lm_head, "bias", None)
             logits = torch.nn.functional.linear(hidden.to(self.dtype), w, None if b is None else b.to(self.dtype))
         return logits.argmax(-1)
@@ -104,11 +114,12 @@ class CausalLM:
 
     @property
     def device(self):
-        return self.lm_head.weight.device
+        return self.model.get_input_embeddings().weight.device
 
     @property
     def dtype(self):
-        return self.lm_head.weight.dtype
+        # Activation dtype (the embeddings'; the LM head may be W12-packed and have no dense weight).
+        return self.model.get_input_embeddings().weight.dtype
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         return KVCache(self.num_layers, capacity)

@@ -26,6 +26,7 @@ def assert_roundtrip(t: torch.Tensor) -> W12Weight:
     fused = cpu_encoder.encode(t)
     for name, ref in zip(("records", "base", "esc_ptr", "esc_col", "esc_val"), w.tensors()):
         assert torch.equal(fused[name], ref), f"fused encoder differs from the reference in {name}"
+    assert torch.equal(bits(cpu_encoder.decode(w)), bits(t)), "fused decoder differs"
     return w
 
 
@@ -325,3 +326,21 @@ def test_fused_encoder_backend_choice(monkeypatch, rng):
     monkeypatch.setenv("W12_CPU_ENCODER", "c")
     assert cpu_encoder.backend() == "c"
     assert all(torch.equal(cpu_encoder.encode(t)[k], v) for k, v in ref.items())
+
+
+def test_fused_decoder_reused_buffers_and_bad_escapes(rng):
+    t = normal((2, 200, 130), rng)
+    t.view(-1)[::53] = 0.0
+    ref = reference.encode(t)
+    buf = torch.full((cpu_encoder.records_nbytes(t.shape) + 100,), 0xA5, dtype=torch.uint8)  # dirty memory
+    got = cpu_encoder.encode(t, out=buf)
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
+    with pytest.raises(ValueError, match="at least"):
+        cpu_encoder.encode(t, out=torch.empty(10, dtype=torch.uint8))
+    w = W12Weight(**ref, shape=t.shape)
+    assert torch.equal(bits(cpu_encoder.decode(w)), bits(t))
+    if cpu_encoder.backend() == "c" and w.nnz:
+        col = w.esc_col.clone()
+        col[0] = 10**6
+        with pytest.raises(W12FormatError, match="outside"):
+            cpu_encoder.decode(W12Weight(w.records, w.base, w.esc_ptr, col, w.esc_val, shape=t.shape))

@@ -519,7 +519,7 @@ def verify(src, dst, progress: bool = True) -> VerifyResult:
                         break
                     expected = expected.to(torch.bfloat16)
                 w = ck.load(name, check_escapes=True)
-                got = torch.ops.w12.unpack(*w.tensors(), w.N, w.K, w.layout, False).view(w.shape)
+                got = cpu_encoder.decode(w)
                 if not torch.equal(expected.view(torch.int16), got.view(torch.int16)):
                     res.ok = False
                     res.mismatch = {"tensor": name, "file": str(ck.folder.files[entry.shard].path)}
@@ -689,9 +689,7 @@ def restore(dst, out, force: bool = False, progress: bool = True) -> RestoreSumm
                     for name in names[shard]:
                         if name in ck.entries:
                             wt = ck.load(name, check_escapes=True)
-                            w.add(
-                                name, torch.ops.w12.unpack(*wt.tensors(), wt.N, wt.K, wt.layout, False).view(wt.shape)
-                            )
+                            w.add(name, cpu_encoder.decode(wt))
                             res.tensors_decoded += 1
                             n = wt.numel
                         else:

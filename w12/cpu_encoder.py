@@ -138,9 +138,12 @@ int w12_decode(const uint8_t *records, int64_t n, int64_t k, int64_t r0, int64_t
         for (int64_t t = 0; t < kt; t++, tile += 12288) {
             const uint8_t *hi = tile + rin * 64, *lo = tile + 8192 + rin * 32;
             int16_t buf[64];
-            for (int c = 0; c < 64; c++) {
-                int16_t code = (int16_t)((hi[c] << 4) | ((lo[c >> 1] >> ((c & 1) * 4)) & 0xF));
-                buf[c] = (int16_t)((((code & 0x7FF) + b7) | ((code & 0x800) << 4)));
+            for (int c = 0; c < 32; c++) {
+                const int16_t l = lo[c];
+                const int16_t a = (int16_t)((hi[2 * c] << 4) | (l & 0xF));
+                const int16_t b = (int16_t)((hi[2 * c + 1] << 4) | (l >> 4));
+                buf[2 * c] = (int16_t)(((a & 0x7FF) + b7) | ((a & 0x800) << 4));
+                buf[2 * c + 1] = (int16_t)(((b & 0x7FF) + b7) | ((b & 0x800) << 4));
             }
             const int64_t c0 = t * 64;
             memcpy(o + c0, buf, (size_t)((k - c0 < 64) ? k - c0 : 64) * 2);

@@ -42,13 +42,14 @@ def register() -> tuple[type, type]:
     """Registers ``W12Config`` and ``W12HfQuantizer`` with Transformers (idempotent); returns them."""
     with _LOCK:
         if not _CLASSES:
-            _CLASSES.update(_build_classes())
+            classes = _build_classes()
             from transformers.quantizers import auto
 
             if QUANT_METHOD not in auto.AUTO_QUANTIZATION_CONFIG_MAPPING:
-                auto.register_quantization_config(QUANT_METHOD)(_CLASSES["W12Config"])
+                auto.register_quantization_config(QUANT_METHOD)(classes["W12Config"])
             if QUANT_METHOD not in auto.AUTO_QUANTIZER_MAPPING:
-                auto.register_quantizer(QUANT_METHOD)(_CLASSES["W12HfQuantizer"])
+                auto.register_quantizer(QUANT_METHOD)(classes["W12HfQuantizer"])
+            _CLASSES.update(classes)
         return _CLASSES["W12Config"], _CLASSES["W12HfQuantizer"]
 
 
@@ -106,7 +107,10 @@ def _uninstall_hook() -> None:
 def _install_hook() -> None:
     with _LOCK:
         if _HOOK_TARGET in sys.modules:
-            register()
+            try:
+                register()
+            except Exception as e:  # `import w12` must work whatever Transformers is installed
+                logger.warning("w12: could not register the 'w12' quantization method with Transformers: %s", e)
         elif _HOOK not in sys.meta_path:
             sys.meta_path.insert(0, _HOOK)
 
