@@ -157,15 +157,19 @@ def load_model(name: str, dtype=None):
     else:
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
         tmp = float_dir.with_name(float_dir.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        cfg = copy.deepcopy(model.config)
-        if hasattr(cfg, "quantization_config"):
-            del cfg.quantization_config
-        cfg.save_pretrained(tmp)
-        torch.save(model.state_dict(), tmp / "state.pt")
-        shutil.rmtree(float_dir, ignore_errors=True)
-        os.replace(tmp, float_dir)
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            cfg = copy.deepcopy(model.config)
+            if hasattr(cfg, "quantization_config"):
+                del cfg.quantization_config
+            cfg.save_pretrained(tmp)
+            torch.save(model.state_dict(), tmp / "state.pt")
+            shutil.rmtree(float_dir, ignore_errors=True)
+            os.replace(tmp, float_dir)
+        except Exception as exc:  # the cache is an optimisation: keep going without it
+            shutil.rmtree(tmp, ignore_errors=True)
+            print(f"warning: could not cache the float weights of {name} in {float_dir}: {exc}", file=sys.stderr)
     model.eval()
     return model, tok
 

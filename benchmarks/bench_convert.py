@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from w12 import cpu_encoder, reference  # noqa: E402
 from w12.checkpoint import open_folder  # noqa: E402
 from w12.synthetic import PRESETS, build_llama_checkpoint  # noqa: E402
+from w12.weight import W12Weight  # noqa: E402
 
 
 def machine() -> dict:
@@ -146,15 +147,12 @@ def compare(src: Path, names: list[str], df11_names: list[str]) -> dict:
         r = fn()
         return r, time.perf_counter() - t0
 
+    one = next(iter(tensors.values()))
     parts, enc_s = timed(lambda: [cpu_encoder.encode(t) for t in tensors.values()])
     w12_bytes = sum(v.numel() * v.element_size() for p in parts for v in p.values())
-    _, dec_s = timed(
-        lambda: [
-            reference.decode(p["records"], p["base"], p["esc_ptr"], p["esc_col"], p["esc_val"], *t.shape)
-            for p, t in zip(parts, tensors.values())
-        ]
-    )
-    one = next(iter(tensors.values()))
+    weights12 = [W12Weight(**p, shape=t.shape) for p, t in zip(parts, tensors.values())]
+    _, dec_s = timed(lambda: [cpu_encoder.decode(w) for w in weights12])
+    _, ref_dec_s = timed(lambda: reference.decode(*weights12[0].tensors(), *one.shape))
     _, ref_s = timed(lambda: reference.encode(one))
     out["w12"] = {
         "bytes": w12_bytes,
@@ -165,9 +163,10 @@ def compare(src: Path, names: list[str], df11_names: list[str]) -> dict:
         "decompress_cpu_s": dec_s,
         "decompress_cpu_weights_per_s": weights / dec_s,
         "reference_encoder_weights_per_s": one.numel() / ref_s,
-        "note": "decompress = the CPU reference decoder; on a GPU W12 is decoded inside the GEMM",
+        "reference_decoder_weights_per_s": one.numel() / ref_dec_s,
+        "note": "CPU (de)compress = the fused C codec; on a GPU W12 is decoded inside the GEMM",
     }
-    parts = None  # free the encoded tensors before the other compressors run
+    parts = weights12 = None  # free the encoded tensors before the other compressors run
     try:
         import zipnn
 

@@ -135,13 +135,13 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check):
         t_cb, _, _ = time_graph([lambda w=w, x=x: F.linear(x, w) for w in wb], reps)
         for var in variants:
             os.environ["W12_GEMM_CTAS_PER_SM"], os.environ["W12_GEMM_STAGES"] = str(var[0]), str(var[1])
-            os.environ["W12_GEMM_DIAG"] = str(var[2])
+            os.environ["W12_GEMM_DIAG"], os.environ["W12_GEMM_KERNEL"] = str(var[2]), var[3]
             t, p25, p75 = time_graph([lambda w=w, x=x: w12.linear(x, w) for w in ws], reps)
             rows.append(
                 {
-                    "kernel": f"w12_mma_sync[c{var[0]},s{var[1]}" + (f",d{var[2]}]" if var[2] else "]")
+                    "kernel": f"w12_{var[3]}[c{var[0]},s{var[1]}" + (f",d{var[2]}]" if var[2] else "]")
                     if len(variants) > 1
-                    else "w12_mma_sync",
+                    else f"w12_{var[3]}",
                     "shape": [n, k],
                     "name": name,
                     "M": m,
@@ -195,7 +195,10 @@ def main(argv=None) -> int:
     )
     p.add_argument("--reps", type=int, default=30, help="timed graph replays per measurement (median taken)")
     p.add_argument("--ctas-per-sm", type=_ints, default=None, help="W12_GEMM_CTAS_PER_SM values to try")
-    p.add_argument("--stages", type=_ints, default=None, help="W12_GEMM_STAGES values to try (3, 4)")
+    p.add_argument(
+        "--stages", type=_ints, default=None, help="W12_GEMM_STAGES values to try (v1: 3, 4; v2: ring cap, 0 = auto)"
+    )
+    p.add_argument("--kernels", default=None, help="W12_GEMM_KERNEL values to try, comma list (v1, v2)")
     p.add_argument(
         "--diag",
         type=_ints,
@@ -227,8 +230,9 @@ def main(argv=None) -> int:
         names = list(LLAMA8B)
     ms = a.m or ([1, 16, 32, 64] if a.quick else MS)
     cps = a.ctas_per_sm or [int(os.environ.get("W12_GEMM_CTAS_PER_SM", "2"))]
-    stg = a.stages or [int(os.environ.get("W12_GEMM_STAGES", "3"))]
-    variants = [(c, s, d) for c in cps for s in stg for d in a.diag]
+    stg = a.stages or [int(os.environ.get("W12_GEMM_STAGES", "0"))]
+    kerns = (a.kernels or os.environ.get("W12_GEMM_KERNEL", "v2")).split(",")
+    variants = [(c, s, d, kv) for kv in kerns for c in cps for s in stg for d in a.diag]
     print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {l2 >> 20} MB, torch {torch.__version__}")
     rows = []
     if not a.graph_only:

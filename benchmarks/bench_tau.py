@@ -116,9 +116,13 @@ def process_prompt(ds, ids, args, target, tok, drafter_model) -> dict:
     drafter = ModelDrafter(drafter_model)
     cache: dict = {}
     for n in args.nodes:
-        rec["traces"][f"best-first/{n}/model"] = replay_tree(drafter, BestFirstTree(n, max_depth=args.depth), ids, g, cache)
+        rec["traces"][f"best-first/{n}/model"] = replay_tree(
+            drafter, BestFirstTree(n, max_depth=args.depth), ids, g, cache
+        )
     for n in args.ddtree_nodes:
-        rec["traces"][f"ddtree/{n}/model"] = replay_tree(drafter, IndependentTree(n, max_depth=args.depth), ids, g, cache)
+        rec["traces"][f"ddtree/{n}/model"] = replay_tree(
+            drafter, IndependentTree(n, max_depth=args.depth), ids, g, cache
+        )
     ngram, ng_cache = NgramDrafter(), {}
     for n in args.nodes:
         rec["traces"][f"chain/{n}/ngram"] = replay_tree(ngram, ChainTree(n), ids, g, ng_cache)
@@ -165,9 +169,21 @@ def aggregate(records: list[dict], datasets: list[str]) -> list[dict]:
                 a[2] += 1
     order = {d: i for i, d in enumerate(datasets + ["all"])}
     rows = []
-    for (d, name, nodes, drafter), (tokens, steps, n) in sorted(acc.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1:])):
-        rows.append({"dataset": d, "tree": name, "nodes": nodes, "drafter": drafter, "tau": tokens / steps,
-                     "prompts": n, "tokens": tokens, "steps": steps})
+    for (d, name, nodes, drafter), (tokens, steps, n) in sorted(
+        acc.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1:])
+    ):
+        rows.append(
+            {
+                "dataset": d,
+                "tree": name,
+                "nodes": nodes,
+                "drafter": drafter,
+                "tau": tokens / steps,
+                "prompts": n,
+                "tokens": tokens,
+                "steps": steps,
+            }
+        )
     return rows
 
 
@@ -179,7 +195,12 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, nargs="*", default=[8, 16, 32, 64], help="tree node budgets")
     ap.add_argument("--depth", type=int, default=8, help="drafting depth of the trees (block size; default 8)")
     ap.add_argument("--ddtree-nodes", type=int, nargs="*", default=[], help="node budgets for DDTree-style rows")
-    ap.add_argument("--e2e-prompts", type=int, default=1, help="prompts per dataset also run end to end (default 1)")
+    ap.add_argument(
+        "--e2e-prompts",
+        type=int,
+        default=2,
+        help="prompts also run end to end: the first of the first datasets (default 2)",
+    )
     ap.add_argument("--e2e-trees", nargs="*", default=["chain", "best-first"], help="chain (depth) / best-first (32)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model dtype (default bf16)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -194,7 +215,6 @@ def main(argv=None) -> int:
     store_path = _models.cache_dir() / "bench_tau" / f"records_{tag}.json"
     store_path.parent.mkdir(parents=True, exist_ok=True)
     store = json.loads(store_path.read_text()) if store_path.exists() else {}
-
 
     target = drafter_model = None
     if not args.report_only:
@@ -215,18 +235,23 @@ def main(argv=None) -> int:
             continue
         t0 = time.perf_counter()
         rec = process_prompt(ds, ids, args, target, tok, drafter_model)
-        if i < args.e2e_prompts:
+        if i == 0 and args.datasets.index(ds) < args.e2e_prompts:
             run_e2e(rec, ids, args, target, tok, drafter_model)
         rec["seconds"] = time.perf_counter() - t0
         store[key] = rec
         tmp = store_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(store))
         tmp.replace(store_path)
-        e2e = "; ".join(f"{e['tree']} identical={e['identical_to_ar']} tau {e['tau_engine']:.2f}/{e['tau_replay']:.2f}" for e in rec["e2e"])
+        e2e = "; ".join(
+            f"{e['tree']} identical={e['identical_to_ar']} tau {e['tau_engine']:.2f}/{e['tau_replay']:.2f}"
+            for e in rec["e2e"]
+        )
         bf = rec["traces"].get("best-first/32/model")
         ch = rec["traces"].get(f"chain/{args.depth}/model")
-        tqdm.write(f"{ds}#{i}: {len(rec['g'])} tokens in {rec['seconds']:.0f}s; tau chain/{args.depth} "
-                   f"{sum(ch) / len(ch):.2f} bf/32 {sum(bf) / len(bf) if bf else float('nan'):.2f} {e2e}")
+        tqdm.write(
+            f"{ds}#{i}: {len(rec['g'])} tokens in {rec['seconds']:.0f}s; tau chain/{args.depth} "
+            f"{sum(ch) / len(ch):.2f} bf/32 {sum(bf) / len(bf) if bf else float('nan'):.2f} {e2e}"
+        )
 
     records = [dict(store[k], key=k) for k in prompt_ids if k in store]
     if not records:
@@ -248,19 +273,41 @@ def main(argv=None) -> int:
     for ds in args.datasets + ["all"]:
         get = {(r["tree"], r["nodes"]): r["tau"] for r in rows if r["dataset"] == ds and r["drafter"] == "model"}
         if ("chain", args.depth) in get and ("best-first", 32) in get:
-            summary[ds] = {"chain_tau": get[("chain", args.depth)], "bf32_tau": get[("best-first", 32)],
-                           "ratio": get[("best-first", 32)] / get[("chain", args.depth)]}
-    traces = [{"dataset": r["dataset"], "prompt_len": r["prompt_len"], "tree": k.split("/")[0], "nodes": int(k.split("/")[1]),
-               "drafter": k.split("/")[2], "steps": t} for r in records for k, t in r["traces"].items() if k.endswith("/model")]
+            summary[ds] = {
+                "chain_tau": get[("chain", args.depth)],
+                "bf32_tau": get[("best-first", 32)],
+                "ratio": get[("best-first", 32)] / get[("chain", args.depth)],
+            }
+    traces = [
+        {
+            "dataset": r["dataset"],
+            "prompt_len": r["prompt_len"],
+            "tree": k.split("/")[0],
+            "nodes": int(k.split("/")[1]),
+            "drafter": k.split("/")[2],
+            "steps": t,
+        }
+        for r in records
+        for k, t in r["traces"].items()
+        if k.endswith("/model")
+    ]
     e2e = [dict({k: v for k, v in e.items() if k != "tokens"}, dataset=r["dataset"]) for r in records for e in r["e2e"]]
     ar_tokens = sum(len(r["g"]) for r in records)
     result = {
-        "target": _models.TARGET, "drafter": _models.DRAFTER, "dtype": args.dtype + " (GGUF Q4_K_M dequantized)",
-        "new_tokens": args.new_tokens, "depth": args.depth, "prompts": len(records),
+        "target": _models.TARGET,
+        "drafter": _models.DRAFTER,
+        "dtype": args.dtype + " (GGUF Q4_K_M dequantized)",
+        "new_tokens": args.new_tokens,
+        "depth": args.depth,
+        "prompts": len(records),
         "method": "exact replay against the target's greedy continuation (AR generate); chain rows from the "
-                  "teacher-forced drafter; best-first rows from the real ModelDrafter + BestFirstTree at every step",
+        "teacher-forced drafter; best-first rows from the real ModelDrafter + BestFirstTree at every step",
         "ar_tokens_per_s_cpu": ar_tokens / sum(r["ar_seconds"] for r in records),
-        "rows": rows, "bf32_vs_chain": summary, "end_to_end": e2e, "audit": audit_d, "traces": traces,
+        "rows": rows,
+        "bf32_vs_chain": summary,
+        "end_to_end": e2e,
+        "audit": audit_d,
+        "traces": traces,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,17 +318,31 @@ def main(argv=None) -> int:
     shown = sorted(set([args.depth] + list(args.nodes)))
     print(f"\n{'dataset':10s} {'tree':11s} {'drafter':7s} " + " ".join(f"N={n:<5d}" for n in shown))
     for ds in args.datasets + ["all"]:
-        for name, dn in [("chain", "model"), ("best-first", "model"), ("ddtree", "model"), ("chain", "ngram"), ("best-first", "ngram")]:
+        for name, dn in [
+            ("chain", "model"),
+            ("best-first", "model"),
+            ("ddtree", "model"),
+            ("chain", "ngram"),
+            ("best-first", "ngram"),
+        ]:
             cells = []
             for n in shown:
-                r = [x for x in rows if x["dataset"] == ds and x["tree"] == name and x["nodes"] == n and x["drafter"] == dn]
+                r = [
+                    x
+                    for x in rows
+                    if x["dataset"] == ds and x["tree"] == name and x["nodes"] == n and x["drafter"] == dn
+                ]
                 cells.append(f"{r[0]['tau']:<7.3f}" if r else f"{'-':7s}")
             if any(c.strip() != "-" for c in cells):
                 print(f"{ds:10s} {name:11s} {dn:7s} " + " ".join(cells))
     for ds, s in summary.items():
-        print(f"{ds}: best-first/32 tau {s['bf32_tau']:.3f} vs chain/{args.depth} {s['chain_tau']:.3f} -> {s['ratio']:.3f}x")
+        print(
+            f"{ds}: best-first/32 tau {s['bf32_tau']:.3f} vs chain/{args.depth} {s['chain_tau']:.3f} -> {s['ratio']:.3f}x"
+        )
     for e in e2e:
-        print(f"e2e {e['dataset']} {e['tree']}: identical={e['identical_to_ar']} tau engine {e['tau_engine']:.3f} replay {e['tau_replay']:.3f}")
+        print(
+            f"e2e {e['dataset']} {e['tree']}: identical={e['identical_to_ar']} tau engine {e['tau_engine']:.3f} replay {e['tau_replay']:.3f}"
+        )
     if audit_d:
         print(f"audit verdict: {audit_d['verdict']} {audit_d['reasons']}")
     print(f"wrote {out} ({len(records)} prompts)")

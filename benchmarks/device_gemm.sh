@@ -28,11 +28,29 @@ for f in funcs[1:]:
     print(name[-60:], c)
 PY
 fi
+# Every step under a time limit: a kernel that deadlocks must not eat the device budget.
+# Smoke first (v1 and v2 against decode + F.linear on a few shapes), so a broken build stops early.
+timeout 60 python3 - <<'PY' 2>&1 | tee "$OUT/smoke.txt" || exit 1
+import os, torch, w12
+from w12 import cuda_ops
+g = torch.Generator().manual_seed(0)
+for kern in ("v2", "v1"):
+    os.environ["W12_GEMM_KERNEL"] = kern
+    for n, k, m in [(128, 64, 1), (4096, 4096, 1), (256, 14336, 16), (1000, 192, 64), (384, 1000, 33)]:
+        wt = torch.randn(n, k, generator=g).to(torch.bfloat16)
+        w = w12.pack(wt).to("cuda").with_layout(1)
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+        y = w12.linear(x, w).float()
+        ref = x.float() @ wt.cuda().float().t()
+        err = float((y - ref).norm() / ref.norm())
+        print(f"smoke {kern} n={n} k={k} m={m} rel err {err:.2e}", flush=True)
+        assert err < 1e-2
+PY
 if [ "$MODE" != "benchonly" ]; then
-  python3 -m pytest -q -m gpu tests/test_gpu_gemm.py -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/tests.txt"
+  timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_gemm.py -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/tests.txt"
 fi
 if [ "$MODE" = "quick" ]; then
-  python3 benchmarks/bench_gemm.py --quick --json "$OUT/gemm_quick.json" "$@" 2>&1 | tee "$OUT/bench.txt"
+  timeout 200 python3 benchmarks/bench_gemm.py --quick --json "$OUT/gemm_quick.json" "$@" 2>&1 | tee "$OUT/bench.txt"
 else
-  python3 benchmarks/bench_gemm.py --graph-set llama8b --json "$OUT/gemm_h200.json" "$@" 2>&1 | tee "$OUT/bench.txt"
+  timeout 300 python3 benchmarks/bench_gemm.py --graph-set llama8b --json "$OUT/gemm_h200.json" "$@" 2>&1 | tee "$OUT/bench.txt"
 fi

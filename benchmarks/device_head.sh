@@ -6,7 +6,7 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-/tmp/w12_head_out}
-PLANT_Z=${1:-12}
+PLANT_Z=${1:-9.25}  # median top-logit z of Qwen2.5-Coder-1.5B on real prompts (bench_head.py --real)
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 if ! python3 -c "import ctypes; ctypes.CDLL('w12/_kernels/libw12.so')" 2>"$OUT/load_error.txt"; then

@@ -12,7 +12,7 @@
 extern "C" {
 
 // Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
-int w12_gemm_abi_version(void) { return 2; }
+int w12_gemm_abi_version(void) { return 3; }
 
 // The record layout the GEMM reads (registered as layout 1 in w12/layouts.py).
 int w12_gemm_record_layout(void) { return 1; }
@@ -20,18 +20,26 @@ int w12_gemm_record_layout(void) { return 1; }
 // Number of K slices the kernel uses for an (N, K) weight (a function of N, K, target_ctas only).
 int w12_gemm_splits(int n, int k, int target_ctas) { return w12::gemm_splits(n, k, target_ctas); }
 
-// Bytes of FP32 partial sums a call with these sizes needs (0 when K is not split).
-int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas) {
+// Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).
+// kernel: 1 = v1 (fixed K-split, gemm_w12_mma_sm120.cu), 2 = v2 (stream-K, gemm_w12_streamk_sm120.cu).
+int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int kernel) {
+  if (kernel == 2) return static_cast<int64_t>(w12::gemm_sk_workspace_bytes(m, target_ctas));
   return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas));
+}
+
+// Ints of zeroed counter/flag memory a call needs (zero on entry, left zero on exit).
+int w12_gemm_counters(int n, int k, int target_ctas, int kernel) {
+  (void)k;
+  return kernel == 2 ? target_ctas : (n + 127) / 128;
 }
 
 // y[M, ldy] (BF16) = x[M, ldx] (BF16) . W^T (+ bias, FP32), W given by its W12 tensors with
 // records in layout 1. x must be zero in columns K .. ceil(K/64)*64 (the caller pads).
-// counters: >= ceil(N/128) ints, zero before the first call, left zero after each call; one
-// counter array must not be used by two calls running concurrently.
+// counters: >= w12_gemm_counters() ints, zero before the first call, left zero after each call;
+// one counter array must not be used by two calls running concurrently.
 int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, const void* esc_ptr,
              const void* esc_col, const void* esc_val, const void* bias, void* y, int64_t ldy, int m, int n, int k,
-             void* workspace, void* counters, int target_ctas, int stages, int flags, void* stream) {
+             void* workspace, void* counters, int target_ctas, int stages, int flags, int kernel, void* stream) {
   w12::GemmArgs a;
   a.x = static_cast<const uint16_t*>(x);
   a.records = static_cast<const uint8_t*>(records);
@@ -51,6 +59,7 @@ int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, 
   a.target_ctas = target_ctas;
   a.stages = stages;
   a.flags = flags;  // 0 except in diagnostic benchmark runs (wrong results by design)
+  if (kernel == 2) return static_cast<int>(w12::gemm_sk_launch(a, static_cast<cudaStream_t>(stream)));
   return static_cast<int>(w12::gemm_launch(a, static_cast<cudaStream_t>(stream)));
 }
 

@@ -21,7 +21,8 @@ struct GemmArgs {
   void* workspace;          // FP32 partial sums, gemm_workspace_bytes()
   int* counters;            // >= NT ints, zero on entry; left zero on exit
   int target_ctas;          // grid size the K-split aims at (a function of the SM count only)
-  int stages;               // pipeline depth: 3 or 4 (6 and 8 measured slower)
+  int stages;               // v1: ring depth 3 or 4 (anything else: 3); v2: cap on the ring depth (0: as deep
+                            // as shared memory allows, at most 16)
   int flags = 0;            // diagnostics for benchmarks and tests: 1 = skip decode/MMA, 2 = skip the
                             // reduction (1 and 2 give wrong output), 4 = global-memory reduction even
                             // where clusters exist, 8 = 8-warp CTAs at M <= 16, 16 = cluster
@@ -33,6 +34,12 @@ struct GemmArgs {
 int gemm_splits(int N, int K, int target_ctas);
 size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas);
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream);
+// v2, persistent stream-K (gemm_w12_streamk_sm120.cu). The grid (target_ctas CTAs) fixes the
+// record ranges and so the summation order; M never does. workspace: gemm_sk_workspace_bytes();
+// counters: >= target_ctas ints, zero on entry, left zero on exit.
+size_t gemm_sk_workspace_bytes(int M, int target_ctas);
+cudaError_t gemm_sk_launch(const GemmArgs& a, cudaStream_t stream);
+
 // cudaSuccess when this library holds a kernel image for the current device.
 cudaError_t gemm_check_device();
 

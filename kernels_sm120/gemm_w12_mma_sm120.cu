@@ -416,8 +416,8 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     p.cluster = (cluster_ok && (tokens > 8 || (a.flags & 16))) ? 1 : 0;
     cudaError_t err;
     switch (a.stages) {
-      case 3: err = launch_stages<3>(p, nt * s, tokens, stream); break;
-      default: err = launch_stages<4>(p, nt * s, tokens, stream); break;
+      case 4: err = launch_stages<4>(p, nt * s, tokens, stream); break;
+      default: err = launch_stages<3>(p, nt * s, tokens, stream); break;
     }
     if (err != cudaSuccess) return err;
   }

@@ -57,42 +57,6 @@ __device__ __forceinline__ float head_dec(unsigned e) {
   return __uint_as_float((e & 0x80000000u) ? (e & 0x7fffffffu) : ~e);
 }
 
-// Programmatic dependent launch (sm_90+): a kernel launched with the PDL attribute may start while
-// its predecessor runs; pdl_wait() blocks until the predecessor grid finished and its writes are
-// visible (a no-op for a normal launch), pdl_trigger() lets the successor start launching.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Host: launch with the programmatic-dependent-launch attribute when `pdl` (the kernel then may start
-// while the previous kernel on the stream still runs and must call griddepcontrol.wait before
-// reading its results). Captured into CUDA graphs as programmatic edges.
-template <typename... KArgs, typename... Args>
-static inline cudaError_t head_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t st, bool pdl,
-                                      Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
-}
-
-// PDL on sm_90+ unless W12_HEAD_PDL=0 (read per launch: host cost only, graphs keep what they captured).
-bool head_use_pdl();
-
 // Launchers (host functions; defined next to their kernels, called by csrc/head_api.cu).
 cudaError_t w12h_launch_prep(const void* h, int h_bf16, int m, long long ldh, int k, int kpad, const HeadWs& ws,
                              cudaStream_t st);

@@ -101,7 +101,6 @@ __global__ void __launch_bounds__(kThreads) head_rescore_kernel(const uint16_t* 
   const int n = blockIdx.y, seg0 = blockIdx.x * HEAD_SEG;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) cnt = 0;
-  pdl_wait();  // launched while the screen runs (PDL): its bounds are complete only after this
   __syncthreads();
   const unsigned enc = ws.lmax[n];
   const float thr = enc == 0u ? -INFINITY : head_dec(enc);
@@ -167,9 +166,8 @@ __global__ void __launch_bounds__(kThreads) head_exact_all_kernel(const uint16_t
 cudaError_t w12h_launch_rescore(const uint16_t* w, int v, int vpad, int kpad, int m, int rescore_all,
                                 const HeadWs& ws, long long* out_ids, int* out_count, cudaStream_t st) {
   const dim3 grid((v + HEAD_SEG - 1) / HEAD_SEG, m);
-  // PDL only after the screen (rescore_all follows the prep kernel, which does not trigger early for us)
-  return head_launch(head_rescore_kernel, grid, dim3(kThreads), st, !rescore_all && head_use_pdl(), w, v, vpad, kpad,
-                     m, rescore_all, ws, out_ids, out_count);
+  head_rescore_kernel<<<grid, kThreads, 0, st>>>(w, v, vpad, kpad, m, rescore_all, ws, out_ids, out_count);
+  return cudaGetLastError();
 }
 
 cudaError_t w12h_launch_exact_all(const uint16_t* w, int v, int kpad, int m, const HeadWs& ws, float* out,

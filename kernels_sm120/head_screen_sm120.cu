@@ -12,7 +12,6 @@
 #include "head_common.cuh"
 
 #include <math.h>
-#include <stdlib.h>
 
 namespace {
 
@@ -43,7 +42,6 @@ __global__ void __launch_bounds__(kThreads) head_prep_kernel(const void* __restr
                                                              long long ldh, int k, int kpad, HeadWs ws) {
   __shared__ float sf[kThreads / 32];
   __shared__ double sd[kThreads / 32];
-  pdl_trigger();  // the screen may launch now; it waits (griddepcontrol.wait) before reading our output
   const int n = blockIdx.x;
   const bool live = n < m;
   float amax = 0.f;
@@ -84,25 +82,11 @@ __global__ void __launch_bounds__(kThreads) head_prep_kernel(const void* __restr
   }
 }
 
-// PF selects the L2 prefetch-size hint: 0 none, 1 .L2::128B, 2 .L2::256B. A lane reads 64 bytes of a
-// row per chunk and the next chunks of the same row follow shortly, so a larger L2 fill turns the
-// row-scattered requests into longer DRAM bursts.
-template <int PF>
 __device__ __forceinline__ int4 ld_stream(const int8_t* p) {
   int4 r;
-  if constexpr (PF == 2) {
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.s32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-  } else if constexpr (PF == 1) {
-    asm("ld.global.nc.L1::no_allocate.L2::128B.v4.s32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-  } else {
-    asm("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-  }
+  asm("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
   return r;
 }
 
@@ -130,38 +114,15 @@ __device__ __forceinline__ void chunk_mma(int (&ahi)[NT][4], int (&alo)[NT][4], 
   }
 }
 
-template <int NT, int UNROLL, int MINB, int PF>
-__global__ void __launch_bounds__(kThreads, MINB) head_screen_kernel(const int8_t* __restrict__ q,
-                                                                     const float4* __restrict__ rowp, int v,
-                                                                     int vpad, int kpad, int m, HeadWs ws) {
+template <int NT, int UNROLL>
+__global__ void __launch_bounds__(kThreads, 2) head_screen_kernel(const int8_t* __restrict__ q,
+                                                               const float4* __restrict__ rowp, int v, int vpad,
+                                                               int kpad, int m, HeadWs ws) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warps_total = gridDim.x * (kThreads / 32);
   const int ntiles = vpad / HEAD_TILE_ROWS, nchunks = kpad / HEAD_KQ;
   const float two_m15 = __int_as_float((127 - 15) << 23), four_u = __int_as_float((127 - 22) << 23);
   const float delta = __int_as_float((127 - 100) << 23);
-  int tile = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
-  int4 wa[UNROLL], wb[UNROLL];
-  float4 pa = make_float4(0.f, 0.f, 0.f, 0.f), pb = pa;
-  // Loads of one group of UNROLL chunks (all in flight before any mma uses them).
-  auto load_group = [&](int r0, int c) {
-    const int8_t* qa = q + static_cast<size_t>(r0 + g) * kpad + 16 * t;
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      if (c + u < nchunks) {
-        wa[u] = ld_stream<PF>(qa + (c + u) * HEAD_KQ);
-        wb[u] = ld_stream<PF>(qa + static_cast<size_t>(8) * kpad + (c + u) * HEAD_KQ);
-      }
-    }
-  };
-  // The weights do not depend on the prep kernel: start streaming before waiting for it. The row
-  // constants of a tile are fetched with its first group, not after its K loop.
-  if (tile < ntiles) {
-    load_group(tile * HEAD_TILE_ROWS, 0);
-    pa = __ldg(rowp + tile * HEAD_TILE_ROWS + g);
-    pb = __ldg(rowp + tile * HEAD_TILE_ROWS + g + 8);
-  }
-  pdl_trigger();
-  pdl_wait();
   float hn[NT][2], rh[NT][2], run[NT][2];
   const int8_t* hhi[NT];
   const int8_t* hlo[NT];
@@ -177,28 +138,32 @@ __global__ void __launch_bounds__(kThreads, MINB) head_screen_kernel(const int8_
     hhi[nt] = ws.phi + static_cast<size_t>(nt * 8 + g) * kpad + 16 * t;
     hlo[nt] = ws.plo + static_cast<size_t>(nt * 8 + g) * kpad + 16 * t;
   }
-  while (tile < ntiles) {
+  for (int tile = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5); tile < ntiles; tile += warps_total) {
     const int r0 = tile * HEAD_TILE_ROWS;
+    const int8_t* qa = q + static_cast<size_t>(r0 + g) * kpad + 16 * t;
+    const int8_t* qb = qa + static_cast<size_t>(8) * kpad;
     int ahi[NT][4], alo[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) ahi[nt][i] = alo[nt][i] = 0;
-    for (int c = 0; c < nchunks; c += UNROLL) {
-      if (c > 0) load_group(r0, c);
+    int c = 0;
+    for (; c + UNROLL <= nchunks; c += UNROLL) {
+      int4 wa[UNROLL], wb[UNROLL];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u)
-        if (c + u < nchunks) chunk_mma<NT>(ahi, alo, wa[u], wb[u], hhi, hlo, (c + u) * HEAD_KQ);
+      for (int u = 0; u < UNROLL; ++u) {  // all weight loads of the group in flight before any mma
+        wa[u] = ld_stream(qa + (c + u) * HEAD_KQ);
+        wb[u] = ld_stream(qb + (c + u) * HEAD_KQ);
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) chunk_mma<NT>(ahi, alo, wa[u], wb[u], hhi, hlo, (c + u) * HEAD_KQ);
     }
-    // The next tile's first loads go out before this tile's epilogue (its shuffles, stores, atomics).
-    const float4 ca = pa, cb = pb;
-    tile += warps_total;
-    if (tile < ntiles) {
-      load_group(tile * HEAD_TILE_ROWS, 0);
-      pa = __ldg(rowp + tile * HEAD_TILE_ROWS + g);
-      pb = __ldg(rowp + tile * HEAD_TILE_ROWS + g + 8);
+    for (; c < nchunks; ++c) {
+      const int4 wa = ld_stream(qa + c * HEAD_KQ), wb = ld_stream(qb + c * HEAD_KQ);
+      chunk_mma<NT>(ahi, alo, wa, wb, hhi, hlo, c * HEAD_KQ);
     }
     // Epilogue: accumulator i holds row g (i < 2) or g+8, column 2t + (i & 1) of each n-tile.
+    const float4 pa = __ldg(rowp + r0 + g), pb = __ldg(rowp + r0 + g + 8);
     const bool va = r0 + g < v, vb = r0 + g + 8 < v;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -206,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, MINB) head_screen_kernel(const int8_
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int j = i & 1, row = r0 + g + (i < 2 ? 0 : 8), n = nt * 8 + 2 * t + j;
-        const float4 p = i < 2 ? ca : cb;
+        const float4 p = i < 2 ? pa : pb;
         const long long jj = static_cast<long long>(ahi[nt][i]) * 256 + alo[nt][i];  // exact integer
         const float chat = __fmul_rn(__fmul_rn(p.x, __ll2float_rn(jj)), two_m15);
         const float b = __fmaf_ru(hn[nt][j], p.y, __fmaf_ru(rh[nt][j], p.z, __fmaf_ru(four_u, fabsf(chat), delta)));
@@ -233,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, MINB) head_screen_kernel(const int8_
   }
 }
 
-template <int NT, int UNROLL, int MINB, int PF>
+template <int NT, int UNROLL>
 cudaError_t launch_screen_nt(const int8_t* q, const float4* rowp, int v, int vpad, int kpad, int m, const HeadWs& ws,
                              cudaStream_t st) {
   static int resident[64] = {0};  // blocks per SM x SMs, per device (queried once; no stream work)
@@ -244,53 +209,18 @@ cudaError_t launch_screen_nt(const int8_t* q, const float4* rowp, int v, int vpa
   if (resident[dev] == 0) {
     int sms = 0, per_sm = 0;
     if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return err;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, head_screen_kernel<NT, UNROLL, MINB, PF>, kThreads, 0);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, head_screen_kernel<NT, UNROLL>, kThreads, 0);
     if (err != cudaSuccess) return err;
     resident[dev] = sms * (per_sm > 0 ? per_sm : 1);
   }
   const int ntiles = vpad / HEAD_TILE_ROWS;
   int blocks = (ntiles + kThreads / 32 - 1) / (kThreads / 32);
   if (blocks > resident[dev]) blocks = resident[dev];
-  return head_launch(head_screen_kernel<NT, UNROLL, MINB, PF>, dim3(blocks), dim3(kThreads), st, head_use_pdl(), q,
-                     rowp, v, vpad, kpad, m, ws);
-}
-
-// W12_HEAD_SCREEN selects a screening variant for M <= 16 (benchmarking; all give identical results):
-// 0 (default) 8 chunks in flight, 2 blocks/SM, 256-byte L2 fills; 1 no fill hint; 2 128-byte fills;
-// 3 6 chunks, 3 blocks/SM; 4 4 chunks, 3 blocks/SM.
-int screen_variant() {
-  const char* e = getenv("W12_HEAD_SCREEN");
-  return e ? atoi(e) : 0;
-}
-
-template <int NT>
-cudaError_t launch_small(const int8_t* q, const float4* rowp, int v, int vpad, int kpad, int m, const HeadWs& ws,
-                         cudaStream_t st) {
-  switch (screen_variant()) {
-    case 1:
-      return launch_screen_nt<NT, 8, 2, 0>(q, rowp, v, vpad, kpad, m, ws, st);
-    case 2:
-      return launch_screen_nt<NT, 8, 2, 1>(q, rowp, v, vpad, kpad, m, ws, st);
-    case 3:
-      return launch_screen_nt<NT, 6, 3, 2>(q, rowp, v, vpad, kpad, m, ws, st);
-    case 4:
-      return launch_screen_nt<NT, 4, 3, 2>(q, rowp, v, vpad, kpad, m, ws, st);
-    default:
-      return launch_screen_nt<NT, 8, 2, 2>(q, rowp, v, vpad, kpad, m, ws, st);
-  }
+  head_screen_kernel<NT, UNROLL><<<blocks, kThreads, 0, st>>>(q, rowp, v, vpad, kpad, m, ws);
+  return cudaGetLastError();
 }
 
 }  // namespace
-
-bool head_use_pdl() {
-  static int major[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (major[dev] == 0 && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return false;
-  const char* e = getenv("W12_HEAD_PDL");
-  return major[dev] >= 9 && !(e && e[0] == '0');
-}
 
 cudaError_t w12h_launch_prep(const void* h, int h_bf16, int m, long long ldh, int k, int kpad, const HeadWs& ws,
                              cudaStream_t st) {
@@ -303,13 +233,13 @@ cudaError_t w12h_launch_screen(const int8_t* q, const float4* rowp, int v, int v
                                const HeadWs& ws, cudaStream_t st) {
   switch ((m + 7) / 8) {
     case 1:
-      return launch_small<1>(q, rowp, v, vpad, kpad, m, ws, st);
+      return launch_screen_nt<1, 8>(q, rowp, v, vpad, kpad, m, ws, st);
     case 2:
-      return launch_small<2>(q, rowp, v, vpad, kpad, m, ws, st);
+      return launch_screen_nt<2, 8>(q, rowp, v, vpad, kpad, m, ws, st);
     case 3:
-      return launch_screen_nt<3, 4, 2, 2>(q, rowp, v, vpad, kpad, m, ws, st);
+      return launch_screen_nt<3, 4>(q, rowp, v, vpad, kpad, m, ws, st);
     case 4:
-      return launch_screen_nt<4, 4, 2, 2>(q, rowp, v, vpad, kpad, m, ws, st);
+      return launch_screen_nt<4, 4>(q, rowp, v, vpad, kpad, m, ws, st);
     default:
       return cudaErrorInvalidValue;
   }

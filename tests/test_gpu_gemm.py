@@ -14,8 +14,10 @@ pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
 MS = [1, 2, 3, 7, 8, 16, 31, 64, 128, 300]
-# At and off the 128x64 tile edges; 512x4096 and 384x1000 exercise the K-split reduction.
-NKS = [(128, 64), (256, 128), (130, 70), (1, 1), (127, 65), (512, 4096), (384, 1000), (1000, 192)]
+# At and off the 128x64 tile edges; 512x4096 and 384x1000 exercise the K-split reduction (v1) and
+# tiles cut mid-K between stream-K ranges (v2); 256x14336 cuts each tile over ~130 CTAs; the
+# small ones leave most v2 CTAs with an empty range.
+NKS = [(128, 64), (256, 128), (130, 70), (1, 1), (127, 65), (512, 4096), (384, 1000), (1000, 192), (256, 14336)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -105,11 +107,13 @@ def test_inf_nan_and_subnormal_weights():
     torch.testing.assert_close(y[fin], ref[fin], rtol=2**-7, atol=1e-6)
 
 
-@pytest.mark.parametrize("n,k", [(512, 4096), (4096, 4096), (384, 1000)])
-def test_deterministic_and_independent_of_m(n, k, monkeypatch):
+@pytest.mark.parametrize("kernel", ["v1", "v2"])
+@pytest.mark.parametrize("n,k", [(512, 4096), (4096, 4096), (384, 1000), (256, 14336)])
+def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     # The fused kernel's promise (the decode + cuBLAS prefill fallback makes none): keep it on for
     # M = 128, which runs as two 64-token passes.
     monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
+    monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
     gen = torch.Generator().manual_seed(11)
     wt = _weight(n, k, gen, spread=False)
     w = w12.pack(wt).to(DEV).with_layout(1)
@@ -130,7 +134,8 @@ def test_deterministic_and_independent_of_m(n, k, monkeypatch):
 def test_kernel_variants_agree(n, k, m, variant, monkeypatch):
     # Reduction through a thread-block cluster (sm_90+, M > 8) or global memory (4: forced),
     # 4-warp or 8-warp CTAs (8: 8-warp at M <= 16), cluster also at M <= 8 (16): every variant
-    # adds the same products in the same order, so all must give the same bits.
+    # adds the same products in the same order, so all must give the same bits. (v1 only.)
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v1")
     gen = torch.Generator().manual_seed(21)
     w = w12.pack(_weight(n, k, gen, spread=False)).to(DEV).with_layout(1)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
@@ -212,3 +217,88 @@ def test_splits_do_not_depend_on_m():
     assert 2 <= s <= 8
     assert cuda_ops.splits(128256, 4096, DEV) == 1
     assert layouts.MMA_SYNC_LAYOUT == cuda_ops.preferred_layout(DEV)
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (256, 14336), (130, 70)])
+def test_v2_ring_depth_changes_no_bit(n, k, m, monkeypatch):
+    # The ring depth (W12_GEMM_STAGES caps it; 2 wraps the mbarrier phases every other record)
+    # changes only timing, never which CTA sums what in which order.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v2")
+    gen = torch.Generator().manual_seed(31 + m)
+    w = w12.pack(_weight(n, k, gen, spread=False)).to(DEV).with_layout(1)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    a = w12.linear(x, w).view(torch.int16)
+    for cap in ("2", "3", "5"):
+        monkeypatch.setenv("W12_GEMM_STAGES", cap)
+        assert torch.equal(w12.linear(x, w).view(torch.int16), a), f"W12_GEMM_STAGES={cap} changed the result"
+
+
+@pytest.mark.parametrize("cps", ["1", "2"])
+@pytest.mark.parametrize("m", [3, 40])
+def test_v2_grid_sizes_correct(cps, m, monkeypatch):
+    # Other grid sizes move every range boundary (other bits, still within rounding of FP64).
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v2")
+    monkeypatch.setenv("W12_GEMM_CTAS_PER_SM", cps)
+    gen = torch.Generator().manual_seed(41 + m)
+    wt = _weight(640, 3000, gen)
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    x = torch.randn(m, 3000, generator=gen).to(torch.bfloat16).to(DEV)
+    _poison_next_alloc(m * 640)
+    y = w12.linear(x, w)
+    _assert_close(y, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+
+
+@pytest.mark.parametrize("kernel", ["v1", "v2"])
+def test_graph_replays_with_new_inputs(kernel, monkeypatch):
+    # Replays must leave the cross-CTA flags reset: new inputs copied into the captured buffer give
+    # the same bits as eager calls, replay after replay, and eager calls after replays still work.
+    monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
+    gen = torch.Generator().manual_seed(51)
+    wt = _weight(384, 5000, gen)
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    xs = [torch.randn(5, 5000, generator=gen).to(torch.bfloat16).to(DEV) for _ in range(4)]
+    eager = [w12.linear(x, w) for x in xs]
+    static_x = xs[0].clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        w12.linear(static_x, w)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = w12.linear(static_x, w)
+    for rep in range(3):
+        for i, x in enumerate(xs):
+            static_x.copy_(x)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y.view(torch.int16), eager[i].view(torch.int16)), f"replay {rep}, input {i}"
+    assert torch.equal(w12.linear(xs[1], w).view(torch.int16), eager[1].view(torch.int16))
+    _assert_close(eager[2], _ref(xs[2], wt.to(DEV)), xs[2], wt.to(DEV))
+
+
+def test_v1_and_v2_both_correct_with_bias_and_escapes(monkeypatch):
+    gen = torch.Generator().manual_seed(61)
+    wt = _weight(1000, 2100, gen)
+    wt[5, 7] = float("inf")
+    wt[900, 2000] = float("nan")
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    x = torch.randn(9, 2100, generator=gen).to(torch.bfloat16).to(DEV)
+    b = torch.randn(1000, generator=gen).to(torch.bfloat16).to(DEV)
+    ref = _ref(x, wt.to(DEV), b)
+    for kernel in ("v1", "v2"):
+        monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
+        y = w12.linear(x, w, b).double()
+        assert torch.equal(torch.isnan(y), torch.isnan(ref)), kernel
+        assert torch.equal(torch.isinf(y), torch.isinf(ref)), kernel
+        fin = torch.isfinite(ref)
+        torch.testing.assert_close(y[fin], ref[fin], rtol=2**-7, atol=1e-3)
+
+
+def test_bad_kernel_setting(monkeypatch):
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v9")
+    gen = torch.Generator().manual_seed(71)
+    w = w12.pack(_weight(128, 64, gen)).to(DEV).with_layout(1)
+    with pytest.raises(ValueError, match="W12_GEMM_KERNEL"):
+        w12.linear(torch.randn(1, 64, generator=gen).to(torch.bfloat16).to(DEV), w)

@@ -147,16 +147,3 @@ def test_errors(gen):
     with pytest.raises(ValueError, match="hidden states"):
         head.argmax(torch.randn(2, 65, device="cuda"))
     assert head.argmax(torch.randn(0, 64, device="cuda")).shape == (0,)
-
-
-@pytest.mark.parametrize("variant", ["1", "2", "3", "4"])
-def test_screen_variants_and_pdl_identical(variant, gen, monkeypatch):
-    _needs_kernels()
-    head, _ = _head(9000, 1024, gen)
-    h = torch.randn(12, 1024, device="cuda", generator=gen)
-    ids, surv = head.argmax(h, return_survivors=True)
-    monkeypatch.setenv("W12_HEAD_SCREEN", variant)
-    assert torch.equal(head.argmax(h), ids)
-    monkeypatch.setenv("W12_HEAD_PDL", "0")
-    ids2, surv2 = head.argmax(h, return_survivors=True)
-    assert torch.equal(ids2, ids) and torch.equal(surv2, surv)

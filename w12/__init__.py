@@ -6,24 +6,27 @@
 from . import hf as _hf  # noqa: F401  (registers the 'w12' method with Transformers once it is imported)
 from .codec import linear, pack, unpack, unpack_8bit
 from .format import FORMAT_VERSION, convert_layout, get_layout, register_layout, registered_layouts
-from .head import CertifiedHead as CertifiedHead
-from .nn import W12Linear as W12Linear
-from .patch import patch as patch
-from .patch import unpatch as unpatch
+from .head import CertifiedHead
+from .nn import W12Linear
+from .patch import patch, unpatch
 from .weight import W12FormatError, W12Weight
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CertifiedHead",
     "FORMAT_VERSION",
     "W12FormatError",
+    "W12Linear",
     "W12Weight",
     "convert_layout",
     "get_layout",
     "linear",
     "pack",
+    "patch",
     "register_layout",
     "registered_layouts",
     "unpack",
     "unpack_8bit",
+    "unpatch",
 ]

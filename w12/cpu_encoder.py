@@ -9,9 +9,10 @@ compiler, cached under ``~/.cache/w12``) two small C loops that make two passes 
 2. per row: the 12-bit codes written straight into their record slots (layout 0) and the escapes
    into their CSR slots (the offsets come from pass 1, so no list is ever resized).
 
+A third loop decodes layout-0 records back to BF16 for ``w12 verify`` and ``w12 restore``.
 Rows are split between threads (``ctypes`` releases the GIL), so both cores work on one tensor
 and the memory held is one tensor's input and output. Without a C compiler, or with
-``W12_CPU_ENCODER=torch``, the reference encoder is used (same output, slower); tests check the
+``W12_CPU_ENCODER=torch``, the reference codec is used (same output, slower); tests check the
 two agree on every bit pattern, odd shapes and stacked tensors.
 """
 

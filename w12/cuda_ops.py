@@ -7,9 +7,14 @@ This module registers the CUDA kernel of ``w12::linear`` (the fused W12 GEMM). I
 defines Python functions only: no library load, no CUDA initialisation.
 
 Settings (environment, read on each call):
-  ``W12_GEMM_CTAS_PER_SM`` (default 2): the K-split aims at this many CTAs per SM. The split is a
-      function of (N, K, SM count, this value) only, never of M.
-  ``W12_GEMM_STAGES`` (default 3; 3 or 4): depth of the kernel's async-copy ring.
+  ``W12_GEMM_KERNEL`` (default ``v2``): ``v2`` = warp-specialised persistent stream-K kernel,
+      ``v1`` = the first version (fixed K-split, per-thread cp.async ring). Both are
+      deterministic and M-independent, but they sum in different orders: their bits differ.
+  ``W12_GEMM_CTAS_PER_SM`` (default 2): v2: persistent CTAs per SM (grid = SMs x this); v1: the
+      K-split aims at this many CTAs per SM. Either way the summation order is a function of
+      (N, K, SM count, this value) only, never of M.
+  ``W12_GEMM_STAGES`` (default 0): v2: cap on the shared-memory ring depth (0 = as deep as fits,
+      at most 16); v1: async-copy ring depth (4, else 3).
   ``W12_GEMM_FALLBACK_M`` (default 64): above this many token rows the op decodes the weight
       and calls cuBLAS instead of running the fused kernel in 64-row passes (the kernel's
       determinism across M holds for M up to this value).
@@ -34,7 +39,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 2
+_GEMM_ABI = 3
 
 
 def library_path() -> Path:
@@ -97,9 +102,11 @@ def _gemm_lib() -> ctypes.CDLL:
         )
     so.w12_gemm.restype = _INT
     so.w12_gemm.argtypes = [_VP, _I64, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _I64, _INT, _INT, _INT, _VP, _VP]
-    so.w12_gemm.argtypes += [_INT, _INT, _INT, _VP]
+    so.w12_gemm.argtypes += [_INT, _INT, _INT, _INT, _VP]
     so.w12_gemm_workspace_bytes.restype = _I64
-    so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT]
+    so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT, _INT]
+    so.w12_gemm_counters.restype = _INT
+    so.w12_gemm_counters.argtypes = [_INT, _INT, _INT, _INT]
     so.w12_gemm_splits.restype = _INT
     so.w12_gemm_splits.argtypes = [_INT, _INT, _INT]
     so.w12_gemm_check_device.restype = _INT
@@ -157,8 +164,19 @@ def target_ctas(device) -> int:
     return _check_device(torch.device(device)) * _env_int("W12_GEMM_CTAS_PER_SM", 2)
 
 
+_KERNELS = {"v1": 1, "v2": 2}
+
+
+def kernel_version() -> int:
+    """1 or 2: the GEMM kernel ``W12_GEMM_KERNEL`` selects (default v2)."""
+    raw = os.environ.get("W12_GEMM_KERNEL", "v2")
+    if raw not in _KERNELS:
+        raise ValueError(f"W12_GEMM_KERNEL={raw!r} must be one of {sorted(_KERNELS)}")
+    return _KERNELS[raw]
+
+
 def splits(n: int, k: int, device="cuda") -> int:
-    """Number of K slices the GEMM uses for an (N, K) weight on ``device`` (independent of M)."""
+    """Number of K slices the v1 GEMM uses for an (N, K) weight on ``device`` (independent of M)."""
     return int(_gemm_lib().w12_gemm_splits(n, k, target_ctas(device)))
 
 
@@ -302,11 +320,12 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
     y = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     tgt = sm * _env_int("W12_GEMM_CTAS_PER_SM", 2)
-    stages = _env_int("W12_GEMM_STAGES", 3, allowed={3, 4})
-    ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt))
+    stages = _env_int("W12_GEMM_STAGES", 0, allowed={0, *range(2, 17)})
+    kver = kernel_version()
+    ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt, kver))
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     stream = torch.cuda.current_stream(device)
-    counters = _counters(device, stream, ceil_div(n, TILE_N)) if ws_bytes else None
+    counters = _counters(device, stream, int(so.w12_gemm_counters(n, k, tgt, kver))) if ws_bytes else None
     code = so.w12_gemm(
         x2.data_ptr(),
         x2.stride(0),
@@ -326,6 +345,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
         tgt,
         stages,
         _env_int("W12_GEMM_DIAG", 0, allowed=set(range(32))) if "W12_GEMM_DIAG" in os.environ else 0,
+        kver,
         stream.cuda_stream,
     )
     if code != 0:
