@@ -153,6 +153,7 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check):
                     "tbps_w12": round(w12_bytes / t / 1e6, 3),
                     "tbps_cublas": round(bf_bytes / t_cb / 1e6, 3),
                     "splits": cuda_ops.splits(n, k),
+                    "kernel_used": cuda_ops.kernel_version(n, k),
                 }
             )
     del ws, wb
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--stages", type=_ints, default=None, help="W12_GEMM_STAGES values to try (v1: 3, 4; v2: ring cap, 0 = auto)"
     )
-    p.add_argument("--kernels", default=None, help="W12_GEMM_KERNEL values to try, comma list (v1, v2)")
+    p.add_argument("--kernels", default=None, help="W12_GEMM_KERNEL values to try, comma list (auto, v1, v2)")
     p.add_argument(
         "--diag",
         type=_ints,
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
     ms = a.m or ([1, 16, 32, 64] if a.quick else MS)
     cps = a.ctas_per_sm or [int(os.environ.get("W12_GEMM_CTAS_PER_SM", "2"))]
     stg = a.stages or [int(os.environ.get("W12_GEMM_STAGES", "0"))]
-    kerns = (a.kernels or os.environ.get("W12_GEMM_KERNEL", "v2")).split(",")
+    kerns = (a.kernels or os.environ.get("W12_GEMM_KERNEL", "auto")).split(",")
     variants = [(c, s, d, kv) for kv in kerns for c in cps for s in stg for d in a.diag]
     print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {l2 >> 20} MB, torch {torch.__version__}")
     rows = []

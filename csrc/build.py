@@ -101,7 +101,9 @@ def build(out_dir=None, nvcc: str | None = None, archs: str | None = None, jobs:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="output folder for libw12.so (default: w12/_kernels)")
-    p.add_argument("--archs", default=None, help=f"comma-separated SM targets (default: $W12_CUDA_ARCHS or {DEFAULT_ARCHS})")
+    p.add_argument(
+        "--archs", default=None, help=f"comma-separated SM targets (default: $W12_CUDA_ARCHS or {DEFAULT_ARCHS})"
+    )
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
     p.add_argument("--verbose", action="store_true", help="print each nvcc command and its warnings")
     a = p.parse_args(argv)

@@ -27,6 +27,7 @@ struct GemmArgs {
                             // reduction (1 and 2 give wrong output), 4 = global-memory reduction even
                             // where clusters exist, 8 = 8-warp CTAs at M <= 16, 16 = cluster
                             // reduction at M <= 8 too (4, 8, 16 change no bit of the result)
+                            // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
 };
 
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so

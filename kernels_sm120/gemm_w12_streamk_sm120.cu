@@ -125,6 +125,12 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_sk_kernel(const SKParams
     // ---- producer ----------------------------------------------------------------------------
     int stage = 0;
     uint32_t phase = 0;
+#if __CUDA_ARCH__ >= 900
+    // Measured (v2b, stream-only diagnostic): with default L2 policy the records evicted the
+    // activation rows between their reuses (a k-tile's rows are reused by every row tile, and
+    // stream-K puts those far apart in time), so x came from HBM: +60 % bytes at 64 tokens.
+    const uint64_t pol = l2_policy_evict_first();
+#endif
     for (int64_t idx = r0; idx < r1; ++idx) {
       if (idx - r0 >= S) mbar_wait(empty0 + 8 * stage, phase ^ 1);
       const uint32_t dst = sbase + stage * p.stage_bytes, bar = full0 + 8 * stage;
@@ -133,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_sk_kernel(const SKParams
 #if __CUDA_ARCH__ >= 900
       if (lane == 0) {
         mbar_arrive_expect_tx(bar, kRec);
-        bulk_copy_g2s(dst, src, kRec, bar);
+        bulk_copy_g2s_hint(dst, src, kRec, bar, pol);
       }
 #else
 #pragma unroll 4

@@ -120,13 +120,23 @@ class SpecEngine:
             stops = {int(stop_token_ids)} if isinstance(stop_token_ids, int) else {int(t) for t in stop_token_ids}
         return input_ids.long(), int(max_new_tokens), stops
 
-    @torch.no_grad()
-    def stream(
-        self, input_ids, max_new_tokens: int, stop_token_ids=None, _result: GenerationResult | None = None
-    ) -> Iterator[list[int]]:
+    def stream(self, input_ids, max_new_tokens: int, stop_token_ids=None) -> Iterator[list[int]]:
         """Yield the tokens committed by each step (lists of ids), ending at a stop token or the budget."""
         ids, budget, stops = self._check_args(input_ids, max_new_tokens, stop_token_ids)
-        res = _result if _result is not None else GenerationResult(tokens=torch.zeros(0, dtype=torch.long))
+        yield from self._steps(ids, budget, stops, GenerationResult(tokens=torch.zeros(0, dtype=torch.long)))
+
+    def generate(self, input_ids, max_new_tokens: int, stop_token_ids=None) -> GenerationResult:
+        """Run to a stop token or `max_new_tokens`; the result has `.tokens`, `.steps`, `.cache`, `.tau`."""
+        ids, budget, stops = self._check_args(input_ids, max_new_tokens, stop_token_ids)
+        res = GenerationResult(tokens=torch.zeros(0, dtype=torch.long))
+        toks: list[int] = []
+        for chunk in self._steps(ids, budget, stops, res):
+            toks.extend(chunk)
+        res.tokens = torch.tensor(toks, dtype=torch.long)
+        return res
+
+    @torch.no_grad()
+    def _steps(self, ids: torch.Tensor, budget: int, stops: set, res: GenerationResult) -> Iterator[list[int]]:
         dev = self.target.device
         ids = ids.to(dev)
         need = ids.numel() + budget + self.tree.nodes + 16
@@ -174,11 +184,3 @@ class SpecEngine:
             yield new
             if new[-1] in stops:
                 return
-
-    def generate(self, input_ids, max_new_tokens: int, stop_token_ids=None) -> GenerationResult:
-        res = GenerationResult(tokens=torch.zeros(0, dtype=torch.long))
-        toks: list[int] = []
-        for chunk in self.stream(input_ids, max_new_tokens, stop_token_ids, _result=res):
-            toks.extend(chunk)
-        res.tokens = torch.tensor(toks, dtype=torch.long)
-        return res

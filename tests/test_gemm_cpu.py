@@ -228,3 +228,31 @@ def test_cuda_sources_compile(tmp_path):
         assert 1 <= s <= kt
         kper = -(-kt // s)
         assert (s - 1) * kper < kt
+
+
+def _v1_splits(n, k, target):
+    # The split formula of kernels_sm120/gemm_w12_mma_sm120.cu (gemm_splits), restated.
+    nt, kt = -(-n // 128), -(-k // 64)
+    s = min(max(-(-target // nt), 1), kt, 8)
+    kper = -(-kt // s)
+    return -(-kt // kper)
+
+
+def test_auto_kernel_rule_is_shape_only():
+    """W12_GEMM_KERNEL=auto: v2 exactly where the H200 measured it faster at M <= 32."""
+    from w12.cuda_ops import choose_kernel
+
+    want = {
+        (6144, 4096): 1,
+        (4096, 4096): 1,
+        (28672, 4096): 2,
+        (4096, 14336): 1,
+        (128256, 4096): 1,
+        (10240, 5120): 1,
+        (51200, 5120): 2,
+        (5120, 25600): 2,
+    }
+    for (n, k), kern in want.items():
+        assert choose_kernel(n, k, 132, 2, _v1_splits(n, k, 264)) == kern, (n, k)
+    # Tiny weights never take the persistent kernel.
+    assert choose_kernel(128, 64, 132, 2, _v1_splits(128, 64, 264)) == 1

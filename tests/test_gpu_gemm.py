@@ -65,9 +65,11 @@ def _poison_next_alloc(numel):
     torch.full((numel,), float("nan"), dtype=torch.bfloat16, device=DEV)
 
 
+@pytest.mark.parametrize("kernel", ["v1", "v2"])
 @pytest.mark.parametrize("n,k", NKS)
 @pytest.mark.parametrize("m", MS)
-def test_gemm_matches_fp64(m, n, k):
+def test_gemm_matches_fp64(m, n, k, kernel, monkeypatch):
+    monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
     gen = torch.Generator().manual_seed(1000 * m + 7 * n + k)
     wt = _weight(n, k, gen)
     w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
@@ -302,3 +304,16 @@ def test_bad_kernel_setting(monkeypatch):
     w = w12.pack(_weight(128, 64, gen)).to(DEV).with_layout(1)
     with pytest.raises(ValueError, match="W12_GEMM_KERNEL"):
         w12.linear(torch.randn(1, 64, generator=gen).to(torch.bfloat16).to(DEV), w)
+
+
+@pytest.mark.parametrize("n,k", [(384, 1000), (4096, 4096)])
+def test_auto_kernel_matches_its_choice(n, k, monkeypatch):
+    gen = torch.Generator().manual_seed(81)
+    w = w12.pack(_weight(n, k, gen, spread=False)).to(DEV).with_layout(1)
+    x = torch.randn(7, k, generator=gen).to(torch.bfloat16).to(DEV)
+    monkeypatch.setenv("W12_GEMM_KERNEL", "auto")
+    chosen = cuda_ops.kernel_version(n, k, DEV)
+    assert chosen in (1, 2)
+    y = w12.linear(x, w).view(torch.int16)
+    monkeypatch.setenv("W12_GEMM_KERNEL", f"v{chosen}")
+    assert torch.equal(w12.linear(x, w).view(torch.int16), y)

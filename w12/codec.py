@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops, reference
+from . import cpu_encoder, ops
 from .weight import W12Weight
 
 
@@ -12,7 +12,7 @@ def pack(weight: torch.Tensor, layout: int = 0) -> W12Weight:
     """Encodes a BF16 tensor ``[N, K]`` or ``[..., N, K]`` losslessly into a ``W12Weight``.
 
     The result lives on the weight's device. On a GPU with the compiled kernels the encoder runs
-    there; otherwise the CPU reference encodes it.
+    there; otherwise the CPU encoder (``w12.cpu_encoder``, bit-identical to the reference) does.
     """
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"w12.pack expects a torch.Tensor, got {type(weight).__name__}")
@@ -26,7 +26,8 @@ def pack(weight: torch.Tensor, layout: int = 0) -> W12Weight:
 
         if cuda_codec.available():
             return cuda_codec.pack(weight).with_layout(layout)
-    parts = reference.encode(weight)
+    # The fused C encoder is bit-identical to w12.reference.encode and falls back to it.
+    parts = cpu_encoder.encode(weight.detach().cpu())
     w = W12Weight(**parts, shape=tuple(weight.shape), layout=0)
     return w.to(weight.device).with_layout(layout)
 

@@ -7,9 +7,11 @@ This module registers the CUDA kernel of ``w12::linear`` (the fused W12 GEMM). I
 defines Python functions only: no library load, no CUDA initialisation.
 
 Settings (environment, read on each call):
-  ``W12_GEMM_KERNEL`` (default ``v2``): ``v2`` = warp-specialised persistent stream-K kernel,
-      ``v1`` = the first version (fixed K-split, per-thread cp.async ring). Both are
-      deterministic and M-independent, but they sum in different orders: their bits differ.
+  ``W12_GEMM_KERNEL`` (default ``auto``): ``v1`` = fixed K-split, per-thread cp.async ring;
+      ``v2`` = warp-specialised persistent stream-K kernel; ``auto`` = per weight shape by
+      ``choose_kernel`` (N, K and SM count only). Both kernels are deterministic and
+      M-independent, but they sum in different orders: their bits differ, so the choice never
+      depends on M.
   ``W12_GEMM_CTAS_PER_SM`` (default 2): v2: persistent CTAs per SM (grid = SMs x this); v1: the
       K-split aims at this many CTAs per SM. Either way the summation order is a function of
       (N, K, SM count, this value) only, never of M.
@@ -164,14 +166,37 @@ def target_ctas(device) -> int:
     return _check_device(torch.device(device)) * _env_int("W12_GEMM_CTAS_PER_SM", 2)
 
 
-_KERNELS = {"v1": 1, "v2": 2}
+_KERNELS = {"v1": 1, "v2": 2, "auto": 0}
 
 
-def kernel_version() -> int:
-    """1 or 2: the GEMM kernel ``W12_GEMM_KERNEL`` selects (default v2)."""
-    raw = os.environ.get("W12_GEMM_KERNEL", "v2")
+def choose_kernel(n: int, k: int, sms: int, ctas_per_sm: int, v1_splits: int) -> int:
+    """The ``W12_GEMM_KERNEL=auto`` rule: 2 (stream-K) or 1, from (N, K, SM count) only.
+
+    v2 pays a fixed cost per launch and per split tile (its owner's fix-up), and wins where v1
+    leaves SMs idle: v1 runs ``NT * v1_splits`` CTAs, all resident at once, so the SMs holding
+    ceil(grid / SMs) CTAs set its time. Measured on the H200 (docs/perf-notes.md, final run):
+    v2 was faster at M <= 32 exactly on the shapes with >= 48 records per persistent CTA and a
+    v1 imbalance >= 1.15 (gate_up, 32B [51200, 5120] and [5120, 25600]) and slower or equal on
+    the other five. Never a function of M: the bits of a row stay the same for every M.
+    """
+    nt, kt = ceil_div(n, TILE_N), ceil_div(k, TILE_K)
+    per_cta = nt * kt / (sms * ctas_per_sm)
+    grid1 = nt * v1_splits
+    imbalance = ceil_div(grid1, sms) / (grid1 / sms)
+    return 2 if per_cta >= 48 and imbalance >= 1.15 else 1
+
+
+def kernel_version(n: int | None = None, k: int | None = None, device="cuda") -> int:
+    """1 or 2: the GEMM kernel ``W12_GEMM_KERNEL`` selects (default ``auto``, which needs n, k)."""
+    raw = os.environ.get("W12_GEMM_KERNEL", "auto")
     if raw not in _KERNELS:
         raise ValueError(f"W12_GEMM_KERNEL={raw!r} must be one of {sorted(_KERNELS)}")
+    if _KERNELS[raw] == 0:
+        if n is None or k is None:
+            raise ValueError("W12_GEMM_KERNEL=auto chooses per weight shape: pass n and k")
+        sms = _check_device(torch.device(device))
+        cps = _env_int("W12_GEMM_CTAS_PER_SM", 2)
+        return choose_kernel(n, k, sms, cps, int(_gemm_lib().w12_gemm_splits(n, k, sms * cps)))
     return _KERNELS[raw]
 
 
@@ -321,7 +346,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     y = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     tgt = sm * _env_int("W12_GEMM_CTAS_PER_SM", 2)
     stages = _env_int("W12_GEMM_STAGES", 0, allowed={0, *range(2, 17)})
-    kver = kernel_version()
+    kver = kernel_version(n, k, device)
     ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt, kver))
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     stream = torch.cuda.current_stream(device)

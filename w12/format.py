@@ -99,9 +99,7 @@ def convert_layout(records: torch.Tensor, src: int, dst: int) -> torch.Tensor:
     Works on any device (the permutation is a gather); returns a new tensor.
     """
     if records.dtype != torch.uint8 or records.shape[-1] != RECORD_BYTES:
-        raise ValueError(
-            f"records must be uint8 [..., {RECORD_BYTES}], got {records.dtype} {tuple(records.shape)}"
-        )
+        raise ValueError(f"records must be uint8 [..., {RECORD_BYTES}], got {records.dtype} {tuple(records.shape)}")
     if src == dst:
         return records.clone()
     if records.is_cuda and records.is_contiguous():

@@ -84,9 +84,7 @@ def _encode_matrix(x16: torch.Tensor, rec: torch.Tensor, base_out: torch.Tensor)
         hi = (code >> 4).to(torch.uint8)
         lo = (code[:, 0::2] & 0xF) | ((code[:, 1::2] & 0xF) << 4)
         out = rec[r0 // TILE_N : r0 // TILE_N + nt]
-        out[..., :HI_BYTES].unflatten(-1, (TILE_N, TILE_K)).copy_(
-            hi.view(nt, TILE_N, kt, TILE_K).transpose(1, 2)
-        )
+        out[..., :HI_BYTES].unflatten(-1, (TILE_N, TILE_K)).copy_(hi.view(nt, TILE_N, kt, TILE_K).transpose(1, 2))
         out[..., HI_BYTES:].unflatten(-1, (TILE_N, TILE_K // 2)).copy_(
             lo.to(torch.uint8).view(nt, TILE_N, kt, TILE_K // 2).transpose(1, 2)
         )
