@@ -8,7 +8,7 @@ from .codec import linear, pack, unpack, unpack_8bit
 from .format import FORMAT_VERSION, convert_layout, get_layout, register_layout, registered_layouts
 from .head import CertifiedHead
 from .nn import W12Linear
-from .patch import patch, unpatch
+from .patch import certified_argmax, patch, unpatch
 from .weight import W12FormatError, W12Weight
 
 __version__ = "0.1.0"
@@ -19,6 +19,7 @@ __all__ = [
     "W12FormatError",
     "W12Linear",
     "W12Weight",
+    "certified_argmax",
     "convert_layout",
     "get_layout",
     "linear",

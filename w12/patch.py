@@ -152,7 +152,7 @@ def patch(
     model: nn.Module,
     include: Patterns = None,
     exclude: Patterns = None,
-    lm_head: bool | None = None,
+    lm_head: bool | str | None = None,
     keep_if_larger: bool = False,
     progress: bool | None = None,
 ) -> nn.Module:
@@ -161,7 +161,9 @@ def patch(
     include / exclude: glob patterns (``fnmatch``, on the module's full name, e.g.
         ``"*.mlp.*"``) or a callable ``(name, module) -> bool``. ``include=None`` means all.
     lm_head: ``None`` converts the output head unless it is tied to the input embedding;
-        ``True`` converts it in any case; ``False`` never.
+        ``True`` converts it in any case; ``False`` never; ``"certified"`` keeps it BF16 and
+        attaches a ``w12.CertifiedHead`` as ``model.w12_certified_head`` (exact greedy argmax from
+        an INT8 screen; see ``w12.certified_argmax``), the ordinary head still giving logits.
     keep_if_larger: convert layers so small that tile padding makes W12 bigger than BF16.
     progress: tqdm bar (default: when there are more than 32 layers).
 
@@ -171,8 +173,11 @@ def patch(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"w12.patch expects a torch.nn.Module, got {type(model).__name__}")
-    if lm_head not in (None, True, False):
-        raise ValueError(f"w12.patch: lm_head must be None, True or False, got {lm_head!r}")
+    if lm_head not in (None, True, False, "certified"):
+        raise ValueError(f"w12.patch: lm_head must be None, True, False or 'certified', got {lm_head!r}")
+    certified = lm_head == "certified"
+    if certified:
+        lm_head = False  # the certified head rescores survivors with the exact BF16 weights
     inc, exc = _matcher(include, "include"), _matcher(exclude, "exclude")
     t0 = time.perf_counter()
     head = _call_or_none(model, "get_output_embeddings")
@@ -220,10 +225,33 @@ def patch(
     if isinstance(previous, PatchReport):
         report.converted = previous.converted + report.converted
     model.w12_report = report
+    if certified:
+        _attach_certified_head(model, head)
     logger.info(report.summary())
     if report.converted:
         _attach_transformers(model)
     return model
+
+
+def _attach_certified_head(model: nn.Module, head) -> None:
+    from .head import CertifiedHead
+
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(
+            f"w12.patch(lm_head='certified'): the output head {type(head).__name__} has no dense [V, K] weight"
+        )
+    # A plain attribute, not a submodule: state_dict and save_pretrained stay those of the model.
+    object.__setattr__(model, "w12_certified_head", CertifiedHead(weight.detach(), getattr(head, "bias", None)))
+
+
+def certified_argmax(model: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Greedy next-token ids from final hidden states ``[..., K]`` through the model's certified head
+    (``w12.patch(model, lm_head="certified")``): the exact argmax, without full-vocabulary logits."""
+    head = getattr(model, "w12_certified_head", None)
+    if head is None:
+        raise ValueError("certified_argmax: the model has no certified head; call w12.patch(model, lm_head='certified')")
+    return head.argmax(hidden_states)
 
 
 @torch.no_grad()
