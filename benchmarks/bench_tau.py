@@ -204,7 +204,14 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e-trees", nargs="*", default=["chain", "best-first"], help="chain (depth) / best-first (32)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model dtype (default bf16)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    ap.add_argument("--report-only", action="store_true", help="aggregate the cached per-prompt records only")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="process no new prompt: aggregate the cached per-prompt records (and audit them; loads the target)",
+    )
+    ap.add_argument(
+        "--time-budget", type=float, default=None, help="seconds after which no new prompt is started (then report)"
+    )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "tau_cpu.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -222,7 +229,9 @@ def main(argv=None) -> int:
         target, tok = _models.load_model(_models.TARGET, dtype=dtype)
         drafter_model, _ = _models.load_model(_models.DRAFTER, dtype=dtype)
     else:
-        tok = _models.load_tokenizer(_models.TARGET)
+        print(f"loading {_models.TARGET} ({args.dtype}) for the audit ...", flush=True)
+        target, tok = _models.load_model(_models.TARGET, dtype=dtype)
+    t_start = time.perf_counter()
     # Round-robin over datasets so that a partial run still covers every dataset.
     per_ds = {ds: _models.load_prompts(ds, args.prompts_per_dataset) for ds in args.datasets}
     order = [(ds, i, per_ds[ds][i]) for i in range(args.prompts_per_dataset) for ds in args.datasets]
@@ -232,6 +241,10 @@ def main(argv=None) -> int:
         ids = _models.chat_ids(tok, msg)
         prompt_ids[key] = ids
         if key in store or args.report_only:
+            continue
+        if args.time_budget is not None and time.perf_counter() - t_start > args.time_budget:
+            tqdm.write(f"time budget of {args.time_budget:.0f}s spent: {ds}#{i} and later prompts not run")
+            args.report_only = True
             continue
         t0 = time.perf_counter()
         rec = process_prompt(ds, ids, args, target, tok, drafter_model)
@@ -262,7 +275,7 @@ def main(argv=None) -> int:
     # Audit: the engine's end-to-end outputs vs the autoregressive outputs, through the FP32-head scorer.
     audit_d = None
     e2e_recs = [r for r in records if r["e2e"]]
-    if e2e_recs and not args.report_only:
+    if e2e_recs:
         scorer = Scorer(target)
         base = scorer.force_all([prompt_ids[r["key"]] for r in records], [r["g"] for r in records])
         sys_p = [prompt_ids[r["key"]] for r in e2e_recs for _ in r["e2e"]]
