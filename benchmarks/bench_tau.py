@@ -157,19 +157,23 @@ def run_e2e(rec, ids, args, target, tok, drafter_model) -> None:
         )
 
 
-def aggregate(records: list[dict], datasets: list[str]) -> list[dict]:
+def aggregate(records: list[dict], datasets: list[str], depth: int) -> list[dict]:
+    """tau = tokens / steps per (dataset, tree, nodes, drafter); `capped` = share of steps that committed
+    the most a step of that tree can (every drafted position accepted: the tree's depth was the limit)."""
     acc: dict[tuple, list[int]] = {}
     for rec in records:
         for key, trace in rec["traces"].items():
             name, nodes, drafter = key.split("/")
+            cap = int(nodes) + 1 if name == "chain" else min(int(nodes), depth) + 1
             for d in (rec["dataset"], "all"):
-                a = acc.setdefault((d, name, int(nodes), drafter), [0, 0, 0])
+                a = acc.setdefault((d, name, int(nodes), drafter), [0, 0, 0, 0])
                 a[0] += sum(trace)
                 a[1] += len(trace)
                 a[2] += 1
+                a[3] += sum(1 for t in trace if t == cap)
     order = {d: i for i, d in enumerate(datasets + ["all"])}
     rows = []
-    for (d, name, nodes, drafter), (tokens, steps, n) in sorted(
+    for (d, name, nodes, drafter), (tokens, steps, n, capped) in sorted(
         acc.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1:])
     ):
         rows.append(
@@ -182,6 +186,7 @@ def aggregate(records: list[dict], datasets: list[str]) -> list[dict]:
                 "prompts": n,
                 "tokens": tokens,
                 "steps": steps,
+                "capped": capped / steps,
             }
         )
     return rows
@@ -270,7 +275,7 @@ def main(argv=None) -> int:
     if not records:
         print("no records yet", file=sys.stderr)
         return 1
-    rows = aggregate(records, args.datasets)
+    rows = aggregate(records, args.datasets, args.depth)
 
     # Audit: the engine's end-to-end outputs vs the autoregressive outputs, through the FP32-head scorer.
     audit_d = None
@@ -285,11 +290,14 @@ def main(argv=None) -> int:
     summary = {}
     for ds in args.datasets + ["all"]:
         get = {(r["tree"], r["nodes"]): r["tau"] for r in rows if r["dataset"] == ds and r["drafter"] == "model"}
+        capped = {(r["tree"], r["nodes"]): r["capped"] for r in rows if r["dataset"] == ds and r["drafter"] == "model"}
         if ("chain", args.depth) in get and ("best-first", 32) in get:
             summary[ds] = {
                 "chain_tau": get[("chain", args.depth)],
                 "bf32_tau": get[("best-first", 32)],
                 "ratio": get[("best-first", 32)] / get[("chain", args.depth)],
+                "chain_capped": capped[("chain", args.depth)],
+                "bf32_capped": capped[("best-first", 32)],
             }
     traces = [
         {
@@ -351,6 +359,7 @@ def main(argv=None) -> int:
     for ds, s in summary.items():
         print(
             f"{ds}: best-first/32 tau {s['bf32_tau']:.3f} vs chain/{args.depth} {s['chain_tau']:.3f} -> {s['ratio']:.3f}x"
+            f" (steps at the depth cap: chain {s['chain_capped']:.0%}, best-first {s['bf32_capped']:.0%})"
         )
     for e in e2e:
         print(

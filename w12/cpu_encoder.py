@@ -268,14 +268,8 @@ def encode(weight: torch.Tensor, threads: int | None = None, out: torch.Tensor |
     """
     if backend() == "torch":
         return reference.encode(weight)
-    if weight.dtype != torch.bfloat16:
-        raise TypeError(f"W12 encodes bfloat16 tensors only, got {weight.dtype}")
-    if weight.dim() < 2:
-        raise ValueError(f"W12 encodes tensors of rank >= 2 ([..., N, K]), got shape {tuple(weight.shape)}")
-    shape = tuple(weight.shape)
+    shape = reference.check_encodable(weight)
     n, k = shape[-2], shape[-1]
-    if n == 0 or k == 0:
-        raise ValueError(f"cannot encode an empty tensor of shape {shape}")
     x = weight.detach().cpu().contiguous().view(torch.int16)
     mats = x.numel() // (n * k)
     rows = mats * n

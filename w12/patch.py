@@ -250,7 +250,9 @@ def certified_argmax(model: nn.Module, hidden_states: torch.Tensor) -> torch.Ten
     (``w12.patch(model, lm_head="certified")``): the exact argmax, without full-vocabulary logits."""
     head = getattr(model, "w12_certified_head", None)
     if head is None:
-        raise ValueError("certified_argmax: the model has no certified head; call w12.patch(model, lm_head='certified')")
+        raise ValueError(
+            "certified_argmax: the model has no certified head; call w12.patch(model, lm_head='certified')"
+        )
     return head.argmax(hidden_states)
 
 

@@ -94,16 +94,22 @@ def _encode_matrix(x16: torch.Tensor, rec: torch.Tensor, base_out: torch.Tensor)
     return empty, empty, torch.empty(0, dtype=torch.int16)
 
 
-def encode(weight: torch.Tensor) -> dict:
-    """Encodes a BF16 tensor [..., N, K] (CPU) into the five W12 tensors (layout 0)."""
+def check_encodable(weight: torch.Tensor) -> tuple:
+    """Raises for tensors W12 cannot encode; returns the shape."""
     if weight.dtype != torch.bfloat16:
         raise TypeError(f"W12 encodes bfloat16 tensors only, got {weight.dtype}")
     if weight.dim() < 2:
         raise ValueError(f"W12 encodes tensors of rank >= 2 ([..., N, K]), got shape {tuple(weight.shape)}")
     shape = tuple(weight.shape)
-    n, k = shape[-2], shape[-1]
-    if n == 0 or k == 0:
+    if shape[-2] == 0 or shape[-1] == 0:
         raise ValueError(f"cannot encode an empty tensor of shape {shape}")
+    return shape
+
+
+def encode(weight: torch.Tensor) -> dict:
+    """Encodes a BF16 tensor [..., N, K] (CPU) into the five W12 tensors (layout 0)."""
+    shape = check_encodable(weight)
+    n, k = shape[-2], shape[-1]
     mats = weight.detach().cpu().contiguous().view(torch.int16).reshape(-1, n, k)
     nt, kt = ceil_div(n, TILE_N), ceil_div(k, TILE_K)
     records = torch.zeros((mats.shape[0], nt, kt, RECORD_BYTES), dtype=torch.uint8)
