@@ -110,7 +110,12 @@ class CausalLM:
         self.decoder, self.lm_head = _decoder_and_head(model)
         self.num_layers = _num_layers(model)
         self._cache_kw = _cache_kwarg(self.decoder)
-        self.head = head if head is not None else ArgmaxHead(self.lm_head)
+        if head is None:
+            # A model patched with w12.patch(model, lm_head="certified") carries an exact INT8-screened
+            # argmax head: verification needs only argmax ids, so it is the better default.
+            certified = getattr(model, "w12_certified_head", None)
+            head = certified.argmax if certified is not None else ArgmaxHead(self.lm_head)
+        self.head = head
 
     @property
     def device(self):

@@ -55,3 +55,35 @@ def test_certified_argmax_errors(rng):
         w12.certified_argmax(model, torch.zeros(1, 64, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="lm_head"):
         w12.patch(model, lm_head="int8")
+
+
+def test_spec_engine_verifies_with_the_certified_head(rng):
+    transformers = pytest.importorskip("transformers")
+    from spec_engine import BestFirstTree, NgramDrafter, SpecEngine
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():  # BF16-representable head values: the certified head stores BF16 exactly
+        model.lm_head.weight.copy_(model.lm_head.weight.bfloat16().float())
+    prompt = torch.randint(0, 256, (1, 12), generator=rng)
+    prompt = torch.cat([prompt, prompt], dim=1)  # repeats give the n-gram drafter something to propose
+    ref = model.generate(prompt, max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, prompt.shape[1] :]
+    # FP32 model: attach the head as w12.patch(lm_head="certified") does for BF16 ones
+    head = w12.CertifiedHead(model.lm_head.weight.detach().bfloat16())
+    object.__setattr__(model, "w12_certified_head", head)
+    calls = []
+    orig = head.argmax
+    head.argmax = lambda h, **kw: calls.append(h.shape) or orig(h, **kw)
+    engine = SpecEngine(model, NgramDrafter(), tree=BestFirstTree(8))
+    out = engine.generate(prompt, max_new_tokens=12)
+    assert calls, "the engine did not verify through the certified head"
+    assert torch.equal(out.tokens, ref)
