@@ -28,6 +28,8 @@ struct GemmArgs {
                             // where clusters exist, 8 = 8-warp CTAs at M <= 16, 16 = cluster
                             // reduction at M <= 8 too (4, 8, 16 change no bit of the result)
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
+                            // v3 (gemm_slab_launch): bit 1 (stream only), 32 = no programmatic
+                            // dependent launch, bits 8..9 = slab height in quarters (0 = heuristic)
 };
 
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so
@@ -40,6 +42,10 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream);
 // counters: >= target_ctas ints, zero on entry, left zero on exit.
 size_t gemm_sk_workspace_bytes(int M, int target_ctas);
 cudaError_t gemm_sk_launch(const GemmArgs& a, cudaStream_t stream);
+
+// v3, row slabs with the K-split inside the CTA (gemm_w12_slab_sm120.cu): no workspace, no
+// counters. Summation order fixed by K alone.
+cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream);
 
 // cudaSuccess when this library holds a kernel image for the current device.
 cudaError_t gemm_check_device();

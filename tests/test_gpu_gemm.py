@@ -65,7 +65,7 @@ def _poison_next_alloc(numel):
     torch.full((numel,), float("nan"), dtype=torch.bfloat16, device=DEV)
 
 
-@pytest.mark.parametrize("kernel", ["v1", "v2"])
+@pytest.mark.parametrize("kernel", ["v1", "v2", "v3"])
 @pytest.mark.parametrize("n,k", NKS)
 @pytest.mark.parametrize("m", MS)
 def test_gemm_matches_fp64(m, n, k, kernel, monkeypatch):
@@ -109,7 +109,7 @@ def test_inf_nan_and_subnormal_weights():
     torch.testing.assert_close(y[fin], ref[fin], rtol=2**-7, atol=1e-6)
 
 
-@pytest.mark.parametrize("kernel", ["v1", "v2"])
+@pytest.mark.parametrize("kernel", ["v1", "v2", "v3"])
 @pytest.mark.parametrize("n,k", [(512, 4096), (4096, 4096), (384, 1000), (256, 14336)])
 def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     # The fused kernel's promise (the decode + cuBLAS prefill fallback makes none): keep it on for
@@ -251,7 +251,7 @@ def test_v2_grid_sizes_correct(cps, m, monkeypatch):
     _assert_close(y, _ref(x, wt.to(DEV)), x, wt.to(DEV))
 
 
-@pytest.mark.parametrize("kernel", ["v1", "v2"])
+@pytest.mark.parametrize("kernel", ["v1", "v2", "v3"])
 def test_graph_replays_with_new_inputs(kernel, monkeypatch):
     # Replays must leave the cross-CTA flags reset: new inputs copied into the captured buffer give
     # the same bits as eager calls, replay after replay, and eager calls after replays still work.
@@ -280,7 +280,7 @@ def test_graph_replays_with_new_inputs(kernel, monkeypatch):
     _assert_close(eager[2], _ref(xs[2], wt.to(DEV)), xs[2], wt.to(DEV))
 
 
-def test_v1_and_v2_both_correct_with_bias_and_escapes(monkeypatch):
+def test_every_kernel_correct_with_bias_and_escapes(monkeypatch):
     gen = torch.Generator().manual_seed(61)
     wt = _weight(1000, 2100, gen)
     wt[5, 7] = float("inf")
@@ -289,7 +289,7 @@ def test_v1_and_v2_both_correct_with_bias_and_escapes(monkeypatch):
     x = torch.randn(9, 2100, generator=gen).to(torch.bfloat16).to(DEV)
     b = torch.randn(1000, generator=gen).to(torch.bfloat16).to(DEV)
     ref = _ref(x, wt.to(DEV), b)
-    for kernel in ("v1", "v2"):
+    for kernel in ("v1", "v2", "v3"):
         monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
         y = w12.linear(x, w, b).double()
         assert torch.equal(torch.isnan(y), torch.isnan(ref)), kernel
@@ -313,7 +313,67 @@ def test_auto_kernel_matches_its_choice(n, k, monkeypatch):
     x = torch.randn(7, k, generator=gen).to(torch.bfloat16).to(DEV)
     monkeypatch.setenv("W12_GEMM_KERNEL", "auto")
     chosen = cuda_ops.kernel_version(n, k, DEV)
-    assert chosen in (1, 2)
+    assert chosen in (1, 2, 3)
     y = w12.linear(x, w).view(torch.int16)
     monkeypatch.setenv("W12_GEMM_KERNEL", f"v{chosen}")
     assert torch.equal(w12.linear(x, w).view(torch.int16), y)
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 40, 64])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (8448, 1000), (130, 70), (256, 14336), (96, 320)])
+def test_v3_variants_change_no_bit(n, k, m, monkeypatch):
+    # v3's sum is ((r0 + r1) + r2) + r3 over four K ranges fixed by K alone: the slab height
+    # (W12_GEMM_DIAG 256/512 force 1 or 2 quarters), programmatic dependent launch (32 turns it
+    # off), the ring depth and the grid change only timing.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v3")
+    gen = torch.Generator().manual_seed(91 + m)
+    wt = _weight(n, k, gen, spread=False)
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    _poison_next_alloc(m * n)
+    a = w12.linear(x, w)
+    _assert_close(a, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+    a = a.view(torch.int16)
+    for diag in ("256", "512", "32", "544"):
+        monkeypatch.setenv("W12_GEMM_DIAG", diag)
+        assert torch.equal(w12.linear(x, w).view(torch.int16), a), f"W12_GEMM_DIAG={diag} changed the result"
+    monkeypatch.setenv("W12_GEMM_DIAG", "0")
+    for cap in ("2", "3", "5"):
+        monkeypatch.setenv("W12_GEMM_STAGES", cap)
+        assert torch.equal(w12.linear(x, w).view(torch.int16), a), f"W12_GEMM_STAGES={cap} changed the result"
+    monkeypatch.setenv("W12_GEMM_STAGES", "0")
+    monkeypatch.setenv("W12_GEMM_CTAS_PER_SM", "1")
+    assert torch.equal(w12.linear(x, w).view(torch.int16), a), "one CTA per SM changed the result"
+
+
+def test_v3_back_to_back_in_a_graph(monkeypatch):
+    # Programmatic dependent launch: each launch may start before the previous one ends and
+    # streams weights before griddepcontrol.wait; a chain where each GEMM consumes the previous
+    # output must still see finished inputs, in a graph and eagerly.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v3")
+    gen = torch.Generator().manual_seed(101)
+    ws = [w12.pack(_weight(1024, 1024, gen, spread=False) * 0.03).to(DEV).with_layout(1) for _ in range(6)]
+    x0 = torch.randn(3, 1024, generator=gen).to(torch.bfloat16).to(DEV)
+
+    def chain(x):
+        for w in ws:
+            x = w12.linear(x, w)
+        return x
+
+    monkeypatch.setenv("W12_GEMM_DIAG", "32")
+    ref = chain(x0).view(torch.int16).clone()
+    monkeypatch.setenv("W12_GEMM_DIAG", "0")
+    assert torch.equal(chain(x0).view(torch.int16), ref)
+    static_x = x0.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain(static_x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = chain(static_x)
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(torch.int16), ref)

@@ -8,10 +8,10 @@ defines Python functions only: no library load, no CUDA initialisation.
 
 Settings (environment, read on each call):
   ``W12_GEMM_KERNEL`` (default ``auto``): ``v1`` = fixed K-split, per-thread cp.async ring;
-      ``v2`` = warp-specialised persistent stream-K kernel; ``auto`` = per weight shape by
-      ``choose_kernel`` (N, K and SM count only). Both kernels are deterministic and
-      M-independent, but they sum in different orders: their bits differ, so the choice never
-      depends on M.
+      ``v2`` = warp-specialised persistent stream-K kernel; ``v3`` = row slabs with the K-split
+      inside the CTA (no cross-CTA reduction); ``auto`` = per weight shape by ``choose_kernel``
+      (N, K and SM count only). Every kernel is deterministic and M-independent, but they sum in
+      different orders: their bits differ, so the choice never depends on M.
   ``W12_GEMM_CTAS_PER_SM`` (default 2): v2: persistent CTAs per SM (grid = SMs x this); v1: the
       K-split aims at this many CTAs per SM. Either way the summation order is a function of
       (N, K, SM count, this value) only, never of M.
@@ -166,7 +166,7 @@ def target_ctas(device) -> int:
     return _check_device(torch.device(device)) * _env_int("W12_GEMM_CTAS_PER_SM", 2)
 
 
-_KERNELS = {"v1": 1, "v2": 2, "auto": 0}
+_KERNELS = {"v1": 1, "v2": 2, "v3": 3, "auto": 0}
 
 
 def choose_kernel(n: int, k: int, sms: int, ctas_per_sm: int, v1_splits: int) -> int:
@@ -187,7 +187,7 @@ def choose_kernel(n: int, k: int, sms: int, ctas_per_sm: int, v1_splits: int) ->
 
 
 def kernel_version(n: int | None = None, k: int | None = None, device="cuda") -> int:
-    """1 or 2: the GEMM kernel ``W12_GEMM_KERNEL`` selects (default ``auto``, which needs n, k)."""
+    """1, 2 or 3: the GEMM kernel ``W12_GEMM_KERNEL`` selects (default ``auto``, which needs n, k)."""
     raw = os.environ.get("W12_GEMM_KERNEL", "auto")
     if raw not in _KERNELS:
         raise ValueError(f"W12_GEMM_KERNEL={raw!r} must be one of {sorted(_KERNELS)}")
@@ -369,7 +369,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
         None if counters is None else counters.data_ptr(),
         tgt,
         stages,
-        _env_int("W12_GEMM_DIAG", 0, allowed=set(range(32))) if "W12_GEMM_DIAG" in os.environ else 0,
+        _env_int("W12_GEMM_DIAG", 0, allowed=set(range(1024))) if "W12_GEMM_DIAG" in os.environ else 0,
         kver,
         stream.cuda_stream,
     )
