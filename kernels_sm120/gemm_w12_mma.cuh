@@ -29,7 +29,7 @@ struct GemmArgs {
                             // reduction at M <= 8 too (4, 8, 16 change no bit of the result)
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
                             // v3 (gemm_slab_launch): bit 1 (stream only), 32 = no programmatic
-                            // dependent launch, bits 8..9 = slab height in quarters (0 = heuristic)
+                            // dependent launch
 };
 
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so

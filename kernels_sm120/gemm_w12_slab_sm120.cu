@@ -4,21 +4,24 @@
 //
 // Why this kernel (measurements in docs/perf-notes.md): v1 and v2 split K across CTAs and paid
 // 3-7 us per launch for the cross-CTA reduction (global partials + fence + ticket, or the v2
-// owner's fix-up), which is most of what separated them from cuBLAS on the small Llama shapes.
-// Here a CTA owns a *slab* of 32*QPC rows over the whole K, so no partial sum ever leaves the CTA:
-// - The K loop is cut into kSplit = 4 contiguous record ranges, range c = [c*KT/4, (c+1)*KT/4).
-//   Consumer warp (quarter qq, range c) decodes the rows of quarter qq in range c; at the end of
-//   the slab the four range sums of a row are added in range order through shared memory. Every
-//   output element is therefore ((r0 + r1) + r2) + r3 with r_c the k-ordered MMA sum of range c:
-//   a function of K alone, so the bits do not depend on M, QPC, the grid or the ring depth.
-// - Warp specialisation as in v2: the last warp streams (one lane issues bulk copies of each
-//   record's quarter rows on sm_90+, the 32 lanes cp.async on sm_80; activation columns by 16-byte
-//   cp.async), stage s of the ring holding record i of every range; full/empty mbarriers.
+// owner's fix-up), most of what separated them from cuBLAS on the small Llama shapes. Here a CTA
+// owns a *slab* of 32 rows (one warp quarter of a 128-row record) over the whole K, so no
+// partial sum ever leaves the CTA:
+// - K is cut into at most kSplit = 4 contiguous record ranges exactly as v1 cuts it into 4
+//   slices (kper = ceil(KT/4), range c = [c*kper, min((c+1)*kper, KT))). Warp c decodes the
+//   slab's rows in range c; at the end of the slab the range sums of a row are added in range
+//   order through shared memory. Every output element is ((r0 + r1) + r2) + r3, r_c the
+//   k-ordered MMA sum of range c: a function of K alone (not of M, the grid or the ring depth).
+// - Each warp streams its own records into a warp-private ring with 16-byte cp.async from all
+//   32 lanes and consumes them itself: no producer warp, no CTA barrier in the main loop, and
+//   S-1 quarter records in flight per warp while it decodes the current one. (The first v3
+//   streamed through a producer warp issuing bulk copies into a CTA-wide mbarrier ring: its
+//   stream-only rate was half of v1's per byte in flight; docs/perf-notes.md.)
 // - Persistent, balanced grid: G = ceil(slabs / ceil(slabs / (SMs * cps))) CTAs, CTA b taking
-//   slabs b, b+G, ...; the producer runs on across slab boundaries, so the ring never drains.
-// - Programmatic dependent launch (sm_90+): the producer issues the first ring's worth of weight
-//   copies before griddepcontrol.wait (weights are constant; activations are what the previous
-//   kernel writes), so back-to-back layers overlap one launch's ramp with the previous tail.
+//   slabs b, b+G, ...; a warp's ring runs on across slab boundaries.
+// - Programmatic dependent launch (sm_90+): the first ring's worth of weight copies go out before
+//   griddepcontrol.wait (weights are constant; activations are what the previous kernel
+//   writes), so back-to-back layers overlap a launch's ramp with the previous kernel's tail.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -30,10 +33,13 @@ namespace w12 {
 namespace {
 
 constexpr int kRec = 12288;
-constexpr int kSplit = 4;       // K ranges per slab: fixes the summation order (never change per call)
+constexpr int kSplit = 4;       // K ranges per slab: with v1's slicing rule, fixes the summation order
+constexpr int kWarps = kSplit;  // one warp per range
+constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxStages = 16;
 constexpr int kXRow = 144;      // activation row pitch in shared memory: 128 B + 16 B pad
 constexpr int kMaxTokens = 64;
+constexpr int kQuarter = 3072;  // one warp quarter of a record: 2048 hi bytes + 1024 lo bytes
 
 struct SlabParams {
   const uint16_t* x;
@@ -44,15 +50,13 @@ struct SlabParams {
   const int16_t* esc_val;
   const float* bias;
   uint16_t* y;
-  int M, N, KT, nslab, G, S;
-  int xrows;        // activation rows held per range in a stage (M when M < 8, else 8 * NCH)
-  int stage_bytes;  // kSplit * (QPC * 3072 + xrows * kXRow), rounded up to 128
-  int red_bytes;    // shared memory for the range sums, ahead of the ring
+  int M, N, KT, kper, nslab, G, S;
+  int xrows;        // activation rows held per stage (M when M < 8, else 8 * NCH; rows >= M are zero)
+  int stage_bytes;  // kQuarter + xrows * kXRow, rounded up to 16
+  int red_bytes;    // shared memory for the range sums, ahead of the rings
   int64_t ldx, ldy;
   int diag;         // bit 0: stream only, no decode/MMA (wrong output; benchmark diagnostics)
 };
-
-__device__ __forceinline__ int range_begin(int c, int KT) { return c * KT / kSplit; }
 
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
@@ -64,6 +68,27 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// cp.async.wait_group takes an immediate: dispatch a uniform run-time count.
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    case 7: cp_async_wait<7>(); break;
+    case 8: cp_async_wait<8>(); break;
+    case 9: cp_async_wait<9>(); break;
+    case 10: cp_async_wait<10>(); break;
+    case 11: cp_async_wait<11>(); break;
+    case 12: cp_async_wait<12>(); break;
+    case 13: cp_async_wait<13>(); break;
+    default: cp_async_wait<14>(); break;
+  }
 }
 
 struct Rows {
@@ -90,123 +115,66 @@ __device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e
   return v;
 }
 
-template <int NCH, int QPC>
-__global__ void __launch_bounds__((kSplit * QPC + 1) * 32, QPC == 1 ? 2 : 1) gemm_w12_slab_kernel(const SlabParams p) {
-  constexpr int kConsumers = kSplit * QPC * 32;
-  constexpr int kFrag = 2 * NCH;            // float4 fragments per thread (2 m-tiles x NCH chunks)
-  constexpr int JG = NCH < 4 ? NCH : 4;     // token chunks whose B fragments are held at once
-  constexpr int WB = QPC * 3072;            // weight bytes of one range's record in a stage
+template <int NCH>
+__global__ void __launch_bounds__(kThreads, 2) gemm_w12_slab_kernel(const SlabParams p) {
+  constexpr int kFrag = 2 * NCH;         // float4 fragments per thread (2 m-tiles x NCH chunks)
+  constexpr int JG = NCH < 4 ? NCH : 4;  // token chunks whose B fragments are held at once
   extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ __align__(8) uint64_t s_full[kMaxStages], s_empty[kMaxStages];
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int S = p.S, L = (p.KT + kSplit - 1) / kSplit;  // stages per slab
+  const int tid = threadIdx.x, c = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int S = p.S;
   const int nmine = p.nslab > (int)blockIdx.x ? (p.nslab - 1 - (int)blockIdx.x) / p.G + 1 : 0;
-  uint8_t* ring = smem + p.red_bytes;
-  const uint32_t sbase = smem_u32(ring);
-  const uint32_t full0 = smem_u32(s_full), empty0 = smem_u32(s_empty);
-  const int XB = p.xrows * kXRow;
+  const int kb = c * p.kper;
+  const int len = kb < p.KT ? min(p.kper, p.KT - kb) : 0;  // records of this warp's range
+  uint8_t* ring = smem + p.red_bytes + c * S * p.stage_bytes;
+  const uint32_t rbase = smem_u32(ring);
 
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-#if __CUDA_ARCH__ >= 900
-      mbar_init(full0 + 8 * s, 33);  // lane 0's arrive.expect_tx + 32 cp.async-tracked arrivals
-#else
-      mbar_init(full0 + 8 * s, 32);
-#endif
-      mbar_init(empty0 + 8 * s, kConsumers / 32);
-    }
-    mbar_fence_init();
-  }
-  if (p.xrows > p.M) {  // token rows >= M stay zero in every stage (the producer never writes them)
+  if (p.xrows > p.M) {  // token rows >= M stay zero in every stage (no copy ever writes them)
     const int zrows = p.xrows - p.M;
-    for (int i = tid; i < S * kSplit * zrows * 8; i += blockDim.x) {
-      const int s = i / (kSplit * zrows * 8), rem = i % (kSplit * zrows * 8);
-      const int c = rem / (zrows * 8), r = rem % (zrows * 8);
-      *reinterpret_cast<uint4*>(ring + s * p.stage_bytes + kSplit * WB + c * XB + (p.M + r / 8) * kXRow +
-                                (r % 8) * 16) = make_uint4(0, 0, 0, 0);
+    for (int i = lane; i < S * zrows * 8; i += 32) {
+      const int s = i / (zrows * 8), r = i % (zrows * 8);
+      *reinterpret_cast<uint4*>(ring + s * p.stage_bytes + kQuarter + (p.M + r / 8) * kXRow + (r % 8) * 16) =
+          make_uint4(0, 0, 0, 0);
     }
   }
-  __syncthreads();
   pdl_launch_dependents();
 
-  if (warp == kConsumers / 32) {
-    // ---- producer: stage j = (slab j / L of this CTA, record j % L of every range) ---------------
-    const int total = nmine * L;
-    const int pre = total < S ? total : S;  // stages whose weights go out before griddepcontrol.wait
-#if __CUDA_ARCH__ >= 900
-    const uint64_t pol = l2_policy_evict_first();
-#endif
-    auto weights = [&](int j, int stage) {
-      const int slab = (int)blockIdx.x + (j / L) * p.G, i = j % L;
-      const int tile = slab * QPC / 4, q0 = (slab * QPC) % 4;
-      const uint32_t dst = sbase + stage * p.stage_bytes, bar = full0 + 8 * stage;
-      const uint8_t* trec = p.records + (int64_t)tile * p.KT * kRec;
-#if __CUDA_ARCH__ >= 900
-      if (lane == 0) {
-        int nvalid = 0;
-        for (int c = 0; c < kSplit; ++c) nvalid += range_begin(c, p.KT) + i < range_begin(c + 1, p.KT);
-        mbar_arrive_expect_tx(bar, nvalid * WB);
-        for (int c = 0; c < kSplit; ++c) {
-          const int kr = range_begin(c, p.KT) + i;
-          if (kr >= range_begin(c + 1, p.KT)) continue;
-          const uint8_t* rec = trec + (int64_t)kr * kRec;
-          bulk_copy_g2s_hint(dst + c * WB, rec + q0 * 2048, QPC * 2048, bar, pol);
-          bulk_copy_g2s_hint(dst + c * WB + QPC * 2048, rec + 8192 + q0 * 1024, QPC * 1024, bar, pol);
-        }
-      }
-#else
-      for (int c = 0; c < kSplit; ++c) {
-        const int kr = range_begin(c, p.KT) + i;
-        if (kr >= range_begin(c + 1, p.KT)) continue;
-        const uint8_t* rec = trec + (int64_t)kr * kRec;
-        for (int v = lane; v < WB / 16; v += 32) {
-          const int off = v < QPC * 128 ? q0 * 2048 + v * 16 : 8192 + q0 * 1024 + (v - QPC * 128) * 16;
-          cp_async16(dst + c * WB + v * 16, rec + off);
-        }
-      }
-#endif
-    };
-    auto activations = [&](int j, int stage) {
-      const int i = j % L;
-      const uint32_t dst = sbase + stage * p.stage_bytes + kSplit * WB;
-      for (int v = lane; v < kSplit * p.M * 8; v += 32) {
-        const int c = v / (p.M * 8), r = (v % (p.M * 8)) >> 3, ch = v & 7;
-        const int kr = range_begin(c, p.KT) + i;
-        if (kr >= range_begin(c + 1, p.KT)) continue;
-        cp_async16(dst + c * XB + r * kXRow + ch * 16, p.x + (int64_t)r * p.ldx + (int64_t)kr * 64 + ch * 8);
-      }
-      cp_async_mbar_arrive_noinc(full0 + 8 * stage);
-    };
-    for (int j = 0; j < pre; ++j) weights(j, j);
-    pdl_wait();
-    for (int j = 0; j < pre; ++j) activations(j, j);
-    int stage = pre % S;
-    uint32_t phase = pre == S ? 1 : 0;
-    for (int j = pre; j < total; ++j) {
-      mbar_wait(empty0 + 8 * stage, phase ^ 1);
-      weights(j, stage);
-      activations(j, stage);
-      if (++stage == S) stage = 0, phase ^= 1;
-    }
-    cp_async_wait_all_pipe();
-    return;
+  // Stage j of this warp = record kb + j % len of slab blockIdx.x + (j / len) * G.
+  const int total = nmine * len;
+  auto load_weights = [&](int j, int slot) {
+    const int slab = (int)blockIdx.x + (j / len) * p.G;
+    const uint8_t* rec = p.records + ((int64_t)(slab >> 2) * p.KT + kb + j % len) * kRec;
+    const int q0 = slab & 3;
+    const uint32_t dst = rbase + slot * p.stage_bytes;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) cp_async16(dst + v * 512 + lane * 16, rec + q0 * 2048 + v * 512 + lane * 16);
+#pragma unroll
+    for (int v = 0; v < 2; ++v)
+      cp_async16(dst + 2048 + v * 512 + lane * 16, rec + 8192 + q0 * 1024 + v * 512 + lane * 16);
+  };
+  auto load_x = [&](int j, int slot) {
+    const int64_t col = (int64_t)(kb + j % len) * 64;
+    const uint32_t dst = rbase + slot * p.stage_bytes + kQuarter;
+    for (int v = lane; v < p.M * 8; v += 32)
+      cp_async16(dst + (v >> 3) * kXRow + (v & 7) * 16, p.x + (int64_t)(v >> 3) * p.ldx + col + (v & 7) * 8);
+  };
+  // Prologue: S-1 stages in flight. Weights first, then wait for the previous kernel (PDL), then
+  // the activation columns of the same stages; one commit group per stage.
+  const int pre = total < S - 1 ? total : S - 1;
+  for (int j = 0; j < pre; ++j) load_weights(j, j);
+  pdl_wait();  // x is read and y written only after the previous kernel has finished
+  for (int j = 0; j < S - 1; ++j) {
+    if (j < pre) load_x(j, j);
+    cp_async_commit();
   }
+  __syncthreads();  // the zero rows above, written by other lanes, before any MMA reads them
 
-  // ---- consumers: warp = qq * kSplit + c decodes quarter qq of range c ----------------------------
-  pdl_wait();  // the epilogue reads x (escapes) and writes y
-  const int qq = warp / kSplit, c = warp % kSplit;
-  const int g = lane >> 2, t = lane & 3;
-  const int kb = range_begin(c, p.KT), len = range_begin(c + 1, p.KT) - kb;
-  const uint32_t hi_off = c * WB + qq * 2048 + lane * 16, lo_off = c * WB + QPC * 2048 + qq * 1024 + lane * 8;
-  const uint32_t x_off = kSplit * WB + c * XB;
-  const bool xrow_ok = g < p.xrows;  // only false when M < 8 (rows past M are not in the stage)
-  float4* red = reinterpret_cast<float4*>(smem);  // [QPC][kSplit - 1][kFrag][32]
-  int stage = 0;
-  uint32_t phase = 0;
+  float4* red = reinterpret_cast<float4*>(smem);  // [kSplit - 1][kFrag][32]
+  int j = 0;
   for (int it = 0; it < nmine; ++it) {
     const int slab = (int)blockIdx.x + it * p.G;
-    const int nbase = slab * QPC * 32 + qq * 32;
+    const int nbase = slab * 32;
 
     Rows rd;
     auto load_rows = [&]() {
@@ -226,95 +194,99 @@ __global__ void __launch_bounds__((kSplit * QPC + 1) * 32, QPC == 1 ? 2 : 1) gem
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int j = 0; j < NCH; ++j)
+      for (int jj = 0; jj < NCH; ++jj)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.f;
+        for (int i = 0; i < 4; ++i) acc[mt][jj][i] = 0.f;
 
-    for (int i = 0; i < L; ++i) {
-      mbar_wait(full0 + 8 * stage, phase);
-      const uint8_t* st = ring + stage * p.stage_bytes;
-      if (i < len && !(p.diag & 1)) {
-        uint32_t a[32];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
-          const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
-          decode16(h, l, a + 8 * q);
+    for (int i = 0; i < len; ++i, ++j) {
+      cp_async_wait_dyn(S - 2);  // this lane's copies of stage j have landed
+      __syncwarp();              // ... and every lane's; all lanes are done with stage j - 1
+      {
+        const int jn = j + S - 1, slot = jn % S;
+        if (jn < total) {
+          load_weights(jn, slot);
+          load_x(jn, slot);
         }
-#pragma unroll
-        for (int j0 = 0; j0 < NCH; j0 += JG) {
-          uint32_t bw[JG][8];
-#pragma unroll
-          for (int jj = 0; jj < JG; ++jj) {
-            uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
-            if (NCH > 1 || xrow_ok) {
-              const uint8_t* xr = st + x_off + (8 * (j0 + jj) + g) * kXRow + 32 * t;
-              b0 = *reinterpret_cast<const uint4*>(xr);
-              b1 = *reinterpret_cast<const uint4*>(xr + 16);
-            }
-            bw[jj][0] = b0.x, bw[jj][1] = b0.y, bw[jj][2] = b0.z, bw[jj][3] = b0.w;
-            bw[jj][4] = b1.x, bw[jj][5] = b1.y, bw[jj][6] = b1.z, bw[jj][7] = b1.w;
-          }
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int jj = 0; jj < JG; ++jj)
-#pragma unroll
-              for (int mt = 0; mt < 2; ++mt) {
-                const uint32_t af[4] = {a[16 * mt + 4 * ks], a[16 * mt + 4 * ks + 1], a[16 * mt + 4 * ks + 2],
-                                        a[16 * mt + 4 * ks + 3]};
-                mma_bf16_16816(acc[mt][j0 + jj], af, bw[jj][2 * ks], bw[jj][2 * ks + 1]);
-              }
-        }
+        cp_async_commit();
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty0 + 8 * stage);
-      if (++stage == S) stage = 0, phase ^= 1;
+      if (p.diag & 1) continue;
+      const uint8_t* st = ring + (j % S) * p.stage_bytes;
+      uint32_t a[32];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint4 h = *reinterpret_cast<const uint4*>(st + q * 512 + lane * 16);
+        const uint2 l = *reinterpret_cast<const uint2*>(st + 2048 + q * 256 + lane * 8);
+        decode16(h, l, a + 8 * q);
+      }
+#pragma unroll
+      for (int j0 = 0; j0 < NCH; j0 += JG) {
+        uint32_t bw[JG][8];
+#pragma unroll
+        for (int jj = 0; jj < JG; ++jj) {
+          uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
+          if (NCH > 1 || g < p.xrows) {  // NCH = 1, M < 8: rows past M are not in the stage
+            const uint8_t* xr = st + kQuarter + (8 * (j0 + jj) + g) * kXRow + 32 * t;
+            b0 = *reinterpret_cast<const uint4*>(xr);
+            b1 = *reinterpret_cast<const uint4*>(xr + 16);
+          }
+          bw[jj][0] = b0.x, bw[jj][1] = b0.y, bw[jj][2] = b0.z, bw[jj][3] = b0.w;
+          bw[jj][4] = b1.x, bw[jj][5] = b1.y, bw[jj][6] = b1.z, bw[jj][7] = b1.w;
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int jj = 0; jj < JG; ++jj)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              const uint32_t af[4] = {a[16 * mt + 4 * ks], a[16 * mt + 4 * ks + 1], a[16 * mt + 4 * ks + 2],
+                                      a[16 * mt + 4 * ks + 3]};
+              mma_bf16_16816(acc[mt][j0 + jj], af, bw[jj][2 * ks], bw[jj][2 * ks + 1]);
+            }
+      }
     }
 
-    // Range sums of quarter qq: warps c >= 1 hand theirs over, warp c = 0 adds them in range order.
-    // Two barriers: after the writes, and after warp 0's reads (so the next slab's writes wait).
-    float4* mine = red + (size_t)qq * (kSplit - 1) * kFrag * 32;
+    // Range sums: warps c >= 1 hand theirs over, warp 0 adds them in range order. Two barriers:
+    // after the writes, and after warp 0's reads (so the next slab's writes wait for them).
     if (c > 0) {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int j = 0; j < NCH; ++j)
-          mine[((c - 1) * kFrag + mt * NCH + j) * 32 + lane] =
-              make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
-      named_bar_sync(1 + qq, kSplit * 32);
-      named_bar_sync(1 + qq, kSplit * 32);
+        for (int jj = 0; jj < NCH; ++jj)
+          red[((c - 1) * kFrag + mt * NCH + jj) * 32 + lane] =
+              make_float4(acc[mt][jj][0], acc[mt][jj][1], acc[mt][jj][2], acc[mt][jj][3]);
+      __syncthreads();
+      __syncthreads();
       continue;
     }
-    named_bar_sync(1 + qq, kSplit * 32);
+    __syncthreads();
 #pragma unroll
     for (int cc = 1; cc < kSplit; ++cc)
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int j = 0; j < NCH; ++j) {
-          const float4 v = mine[((cc - 1) * kFrag + mt * NCH + j) * 32 + lane];
-          float* a4 = acc[mt][j];
+        for (int jj = 0; jj < NCH; ++jj) {
+          const float4 v = red[((cc - 1) * kFrag + mt * NCH + jj) * 32 + lane];
+          float* a4 = acc[mt][jj];
           a4[0] = __fadd_rn(a4[0], v.x);
           a4[1] = __fadd_rn(a4[1], v.y);
           a4[2] = __fadd_rn(a4[2], v.z);
           a4[3] = __fadd_rn(a4[3], v.w);
         }
-    named_bar_sync(1 + qq, kSplit * 32);
+    __syncthreads();
 
     if constexpr (NCH >= 8) load_rows();
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int j = 0; j < NCH; ++j)
+      for (int jj = 0; jj < NCH; ++jj)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int h = i >> 1, r = 2 * mt + h;
           const int n = nbase + 16 * mt + g + 8 * h;
-          const int m = 8 * j + 2 * t + (i & 1);
+          const int m = 8 * jj + 2 * t + (i & 1);
           if (n < p.N && m < p.M) {
             const float sc = pick(rd.scale, r);
-            float v = acc[mt][j][i] * sc;
+            float v = acc[mt][jj][i] * sc;
             const int e0 = pick(rd.e0, r), e1 = pick(rd.e1, r);
             if (e0 < e1) v = fix_escapes(v, sc, e0, e1, m, p);
             if (p.bias) v = __fadd_rn(v, pick(rd.bias, r));
@@ -322,6 +294,7 @@ __global__ void __launch_bounds__((kSplit * QPC + 1) * 32, QPC == 1 ? 2 : 1) gem
           }
         }
   }
+  cp_async_wait<0>();
 }
 
 int nch_for(int tokens) { return tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : 8; }
@@ -349,44 +322,42 @@ cudaError_t dev_info(DevInfo& d, int& dev) {
   return cudaSuccess;
 }
 
-// Ring depth with `cps` CTAs per SM: what the SM's shared memory holds after the range-sum
-// buffer and the 1 KB per CTA the hardware reserves, at most `cap` (0: kMaxStages).
+// Ring depth per warp with `cps` CTAs per SM: what the SM's shared memory holds after the
+// range-sum buffer and the 1 KB per CTA the hardware reserves, at most `cap` (0: kMaxStages).
 int ring_stages(const DevInfo& d, int stage_bytes, int red_bytes, int cps, int cap) {
-  const int static_bytes = 2 * kMaxStages * 8;
-  int budget = d.smem_sm / cps - 1024 - static_bytes;
-  if (budget > d.smem_optin - static_bytes) budget = d.smem_optin - static_bytes;
-  const int s = (budget - red_bytes) / stage_bytes;
+  int budget = d.smem_sm / cps - 1024;
+  if (budget > d.smem_optin) budget = d.smem_optin;
+  const int s = (budget - red_bytes) / (kWarps * stage_bytes);
   const int hi = (cap >= 2 && cap < kMaxStages) ? cap : kMaxStages;
   return s > hi ? hi : s;
 }
 
-template <int NCH, int QPC>
+template <int NCH>
 cudaError_t launch_slab(SlabParams p, const DevInfo& d, int dev, int cps_req, int stage_cap, bool pdl,
                         cudaStream_t stream) {
-  auto kern = gemm_w12_slab_kernel<NCH, QPC>;
-  constexpr int threads = (kSplit * QPC + 1) * 32;
+  auto kern = gemm_w12_slab_kernel<NCH>;
   p.xrows = NCH == 1 ? p.M : 8 * NCH;
-  p.stage_bytes = (kSplit * (QPC * 3072 + p.xrows * kXRow) + 127) / 128 * 128;
-  p.red_bytes = QPC * (kSplit - 1) * 2 * NCH * 32 * 16;
-  // Two CTAs per SM when a ring of >= 4 stages still fits (more warps to hide decode and MMA),
-  // else one; never more than requested.
+  p.stage_bytes = (kQuarter + p.xrows * kXRow + 15) / 16 * 16;
+  p.red_bytes = (kSplit - 1) * 2 * NCH * 32 * 16;
+  // Two CTAs per SM when there are slabs for them and each warp still gets a ring of >= 4
+  // stages, else one (with the deeper ring).
   int cps = cps_req < 1 ? 1 : cps_req > 2 ? 2 : cps_req;
+  if (p.nslab <= d.sms) cps = 1;
   if (cps == 2 && ring_stages(d, p.stage_bytes, p.red_bytes, 2, stage_cap) < 4) cps = 1;
   p.S = ring_stages(d, p.stage_bytes, p.red_bytes, cps, stage_cap);
   if (p.S < 2) return cudaErrorInvalidConfiguration;
   const int per = (p.nslab + d.sms * cps - 1) / (d.sms * cps);
   p.G = (p.nslab + per - 1) / per;
-  const int smem = p.red_bytes + p.S * p.stage_bytes;
+  const int smem = p.red_bytes + kWarps * p.S * p.stage_bytes;
   static int configured[64] = {0};
   if (!configured[dev]) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         d.smem_optin - 2 * kMaxStages * 8);
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, d.smem_optin);
     if (e != cudaSuccess) return e;
     configured[dev] = 1;
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.G);
-  cfg.blockDim = dim3(threads);
+  cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -415,10 +386,6 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream) {
   cudaError_t e = dev_info(d, dev);
   if (e != cudaSuccess) return e;
   const int cps = a.target_ctas > d.sms ? 2 : 1;
-  // Slab height (a speed choice only: the summation order does not depend on it). Four-quarter
-  // slabs share each activation tile between twice the rows; they pay off once the activation
-  // traffic is comparable to the weight traffic and there are still enough slabs for every SM.
-  const int qpc_env = (a.flags >> 8) & 3;  // 1 or 2 forces, 0 = heuristic
   const bool pdl = !(a.flags & 32);
   SlabParams p{};
   p.records = a.records;
@@ -429,6 +396,8 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream) {
   p.bias = a.bias;
   p.N = a.N;
   p.KT = kt;
+  p.kper = (kt + kSplit - 1) / kSplit;
+  p.nslab = (a.N + 31) / 32;
   p.ldx = a.ldx;
   p.ldy = a.ldy;
   p.diag = a.flags & 1;
@@ -437,23 +406,11 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream) {
     p.x = a.x + (int64_t)m0 * a.ldx;
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
-    const int nch = nch_for(tokens);
-    int qpc = qpc_env ? qpc_env : (nch >= 4 && (a.N + 63) / 64 >= d.sms ? 2 : 1);
-    p.nslab = (a.N + 32 * qpc - 1) / (32 * qpc);
-    if (qpc == 1) {
-      switch (nch) {
-        case 1: e = launch_slab<1, 1>(p, d, dev, cps, a.stages, pdl, stream); break;
-        case 2: e = launch_slab<2, 1>(p, d, dev, cps, a.stages, pdl, stream); break;
-        case 4: e = launch_slab<4, 1>(p, d, dev, cps, a.stages, pdl, stream); break;
-        default: e = launch_slab<8, 1>(p, d, dev, cps, a.stages, pdl, stream); break;
-      }
-    } else {
-      switch (nch) {
-        case 1: e = launch_slab<1, 2>(p, d, dev, cps, a.stages, pdl, stream); break;
-        case 2: e = launch_slab<2, 2>(p, d, dev, cps, a.stages, pdl, stream); break;
-        case 4: e = launch_slab<4, 2>(p, d, dev, cps, a.stages, pdl, stream); break;
-        default: e = launch_slab<8, 2>(p, d, dev, cps, a.stages, pdl, stream); break;
-      }
+    switch (nch_for(tokens)) {
+      case 1: e = launch_slab<1>(p, d, dev, cps, a.stages, pdl, stream); break;
+      case 2: e = launch_slab<2>(p, d, dev, cps, a.stages, pdl, stream); break;
+      case 4: e = launch_slab<4>(p, d, dev, cps, a.stages, pdl, stream); break;
+      default: e = launch_slab<8>(p, d, dev, cps, a.stages, pdl, stream); break;
     }
     if (e != cudaSuccess) return e;
   }
