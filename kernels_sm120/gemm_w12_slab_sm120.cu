@@ -33,13 +33,22 @@ namespace w12 {
 namespace {
 
 constexpr int kRec = 12288;
-constexpr int kSplit = 4;       // K ranges per slab: with v1's slicing rule, fixes the summation order
-constexpr int kWarps = kSplit;  // one warp per range
-constexpr int kThreads = 32 * kWarps;
+constexpr int kSplit = 8;       // K ranges per slab: with v1's slicing rule, fixes the summation order
 constexpr int kMaxStages = 16;
 constexpr int kXRow = 144;      // activation row pitch in shared memory: 128 B + 16 B pad
 constexpr int kMaxTokens = 64;
-constexpr int kQuarter = 3072;  // one warp quarter of a record: 2048 hi bytes + 1024 lo bytes
+
+// H = warps per K range: 2 splits the slab's two m-tiles between two warps (twice the warps for
+// the latency-bound decode at M <= 8), 1 gives a warp both (more independent MMAs per warp).
+// Neither changes which products a row's sum adds, or in which order.
+template <int H>
+struct Geo {
+  static constexpr int kWarps = kSplit * H;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int MT = 2 / H;          // m-tiles per warp
+  static constexpr int kHi = 2048 / H;      // hi bytes of one warp's share of a record quarter
+  static constexpr int kW = 3072 / H;       // hi + lo bytes of that share
+};
 
 struct SlabParams {
   const uint16_t* x;
@@ -52,8 +61,9 @@ struct SlabParams {
   uint16_t* y;
   int M, N, KT, kper, nslab, G, S;
   int xrows;        // activation rows held per stage (M when M < 8, else 8 * NCH; rows >= M are zero)
-  int stage_bytes;  // kQuarter + xrows * kXRow, rounded up to 16
+  int stage_bytes;  // Geo::kW + xrows * kXRow, rounded up to 16
   int red_bytes;    // shared memory for the range sums, ahead of the rings
+  int red_ranges;   // range sums the buffer holds at once (the hand-over runs in rounds)
   int64_t ldx, ldy;
   int diag;         // bit 0: stream only, no decode/MMA (wrong output; benchmark diagnostics)
 };
@@ -91,16 +101,6 @@ __device__ __forceinline__ void cp_async_wait_dyn(int n) {
   }
 }
 
-struct Rows {
-  float scale[4], bias[4];
-  int e0[4], e1[4];
-};
-
-template <typename T>
-__device__ __forceinline__ T pick(const T (&a)[4], int r) {
-  return r == 0 ? a[0] : r == 1 ? a[1] : r == 2 ? a[2] : a[3];  // no run-time register indexing
-}
-
 // Escapes replace the slot's product 2^(b-127) x by the true weight's, in escape-list order (the
 // same adds as v1 and v2; both products are exact in FP32, inf/NaN weights propagate exactly).
 __device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e1, int m, const SlabParams& p) {
@@ -115,84 +115,85 @@ __device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e
   return v;
 }
 
-template <int NCH>
-__global__ void __launch_bounds__(kThreads, 2) gemm_w12_slab_kernel(const SlabParams p) {
-  constexpr int kFrag = 2 * NCH;         // float4 fragments per thread (2 m-tiles x NCH chunks)
+template <int NCH, int H>
+__global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(const SlabParams p) {
+  using G_ = Geo<H>;
+  constexpr int MT = G_::MT;
   constexpr int JG = NCH < 4 ? NCH : 4;  // token chunks whose B fragments are held at once
   extern __shared__ __align__(128) uint8_t smem[];
 
-  const int tid = threadIdx.x, c = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int c = warp / H, mh = warp % H;  // K range, and (H = 2) which m-tile
   const int g = lane >> 2, t = lane & 3;
   const int S = p.S;
   const int nmine = p.nslab > (int)blockIdx.x ? (p.nslab - 1 - (int)blockIdx.x) / p.G + 1 : 0;
   const int kb = c * p.kper;
   const int len = kb < p.KT ? min(p.kper, p.KT - kb) : 0;  // records of this warp's range
-  uint8_t* ring = smem + p.red_bytes + c * S * p.stage_bytes;
+  uint8_t* ring = smem + p.red_bytes + warp * S * p.stage_bytes;
   const uint32_t rbase = smem_u32(ring);
 
   if (p.xrows > p.M) {  // token rows >= M stay zero in every stage (no copy ever writes them)
     const int zrows = p.xrows - p.M;
     for (int i = lane; i < S * zrows * 8; i += 32) {
       const int s = i / (zrows * 8), r = i % (zrows * 8);
-      *reinterpret_cast<uint4*>(ring + s * p.stage_bytes + kQuarter + (p.M + r / 8) * kXRow + (r % 8) * 16) =
+      *reinterpret_cast<uint4*>(ring + s * p.stage_bytes + G_::kW + (p.M + r / 8) * kXRow + (r % 8) * 16) =
           make_uint4(0, 0, 0, 0);
     }
   }
+  __syncwarp();
   pdl_launch_dependents();
+  pdl_wait();  // x is read and y written only after the previous kernel has finished
 
-  // Stage j of this warp = record kb + j % len of slab blockIdx.x + (j / len) * G.
+  // Stage j of this warp = record kb + j % len of slab blockIdx.x + (j / len) * G: its share of
+  // the record's quarter (hi then lo bytes, as layout 1 stores them) and the activation columns.
   const int total = nmine * len;
-  auto load_weights = [&](int j, int slot) {
-    const int slab = (int)blockIdx.x + (j / len) * p.G;
-    const uint8_t* rec = p.records + ((int64_t)(slab >> 2) * p.KT + kb + j % len) * kRec;
-    const int q0 = slab & 3;
+  int ld_j = 0, ld_slab = (int)blockIdx.x, ld_i = 0;  // next stage to load (no divisions per stage)
+  auto load_next = [&](int slot) {
+    const uint8_t* rec = p.records + ((int64_t)(ld_slab >> 2) * p.KT + kb + ld_i) * kRec;
+    const int q0 = ld_slab & 3;
     const uint32_t dst = rbase + slot * p.stage_bytes;
 #pragma unroll
-    for (int v = 0; v < 4; ++v) cp_async16(dst + v * 512 + lane * 16, rec + q0 * 2048 + v * 512 + lane * 16);
+    for (int v = 0; v < G_::kHi / 512; ++v)
+      cp_async16(dst + v * 512 + lane * 16, rec + q0 * 2048 + mh * 1024 + v * 512 + lane * 16);
 #pragma unroll
-    for (int v = 0; v < 2; ++v)
-      cp_async16(dst + 2048 + v * 512 + lane * 16, rec + 8192 + q0 * 1024 + v * 512 + lane * 16);
-  };
-  auto load_x = [&](int j, int slot) {
-    const int64_t col = (int64_t)(kb + j % len) * 64;
-    const uint32_t dst = rbase + slot * p.stage_bytes + kQuarter;
+    for (int v = 0; v < G_::kHi / 1024; ++v)
+      cp_async16(dst + G_::kHi + v * 512 + lane * 16, rec + 8192 + q0 * 1024 + mh * 512 + v * 512 + lane * 16);
+    const int64_t col = (int64_t)(kb + ld_i) * 64;
     for (int v = lane; v < p.M * 8; v += 32)
-      cp_async16(dst + (v >> 3) * kXRow + (v & 7) * 16, p.x + (int64_t)(v >> 3) * p.ldx + col + (v & 7) * 8);
+      cp_async16(dst + G_::kW + (v >> 3) * kXRow + (v & 7) * 16, p.x + (int64_t)(v >> 3) * p.ldx + col + (v & 7) * 8);
+    ++ld_j;
+    if (++ld_i == len) ld_i = 0, ld_slab += p.G;
   };
-  // Prologue: S-1 stages in flight. Weights first, then wait for the previous kernel (PDL), then
-  // the activation columns of the same stages; one commit group per stage.
-  const int pre = total < S - 1 ? total : S - 1;
-  for (int j = 0; j < pre; ++j) load_weights(j, j);
-  pdl_wait();  // x is read and y written only after the previous kernel has finished
-  for (int j = 0; j < S - 1; ++j) {
-    if (j < pre) load_x(j, j);
+  for (int j = 0; j < S - 1; ++j) {  // S-1 stages in flight, one commit group each
+    if (ld_j < total) load_next(j);
     cp_async_commit();
   }
-  __syncthreads();  // the zero rows above, written by other lanes, before any MMA reads them
 
-  float4* red = reinterpret_cast<float4*>(smem);  // [kSplit - 1][kFrag][32]
+  float4* red = reinterpret_cast<float4*>(smem);  // [red_ranges][2 m-tiles][NCH][32 lanes]
   int j = 0;
   for (int it = 0; it < nmine; ++it) {
-    const int slab = (int)blockIdx.x + it * p.G;
-    const int nbase = slab * 32;
+    const int nbase = ((int)blockIdx.x + it * p.G) * 32;
 
-    Rows rd;
+    // Epilogue row data of this warp's m-tiles (rows 16*mtg + g + 8h), loaded ahead of the loop.
+    float rscale[2 * MT], rbias[2 * MT];
+    int re0[2 * MT], re1[2 * MT];
     auto load_rows = [&]() {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int n = nbase + (r >> 1) * 16 + g + 8 * (r & 1);
+      for (int r = 0; r < 2 * MT; ++r) {
+        const int mtg = H == 2 ? mh : r >> 1;
+        const int n = nbase + 16 * mtg + g + 8 * (r & 1);
         const bool ok = c == 0 && n < p.N;
-        rd.scale[r] = ok ? row_scale(__ldg(p.base + n)) : 0.f;
-        rd.e0[r] = ok ? __ldg(p.esc_ptr + n) : 0;
-        rd.e1[r] = ok ? __ldg(p.esc_ptr + n + 1) : 0;
-        rd.bias[r] = (ok && p.bias) ? __ldg(p.bias + n) : 0.f;
+        rscale[r] = ok ? row_scale(__ldg(p.base + n)) : 0.f;
+        re0[r] = ok ? __ldg(p.esc_ptr + n) : 0;
+        re1[r] = ok ? __ldg(p.esc_ptr + n + 1) : 0;
+        rbias[r] = (ok && p.bias) ? __ldg(p.bias + n) : 0.f;
       }
     };
     if constexpr (NCH < 8) load_rows();  // latency hidden behind the main loop (spills at NCH = 8)
 
-    float acc[2][NCH][4];
+    float acc[MT][NCH][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int jj = 0; jj < NCH; ++jj)
 #pragma unroll
@@ -201,22 +202,16 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_slab_kernel(const SlabPa
     for (int i = 0; i < len; ++i, ++j) {
       cp_async_wait_dyn(S - 2);  // this lane's copies of stage j have landed
       __syncwarp();              // ... and every lane's; all lanes are done with stage j - 1
-      {
-        const int jn = j + S - 1, slot = jn % S;
-        if (jn < total) {
-          load_weights(jn, slot);
-          load_x(jn, slot);
-        }
-        cp_async_commit();
-      }
+      if (ld_j < total) load_next(ld_j % S);
+      cp_async_commit();
       if (p.diag & 1) continue;
       const uint8_t* st = ring + (j % S) * p.stage_bytes;
-      uint32_t a[32];
+      uint32_t a[16 * MT];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint4 h = *reinterpret_cast<const uint4*>(st + q * 512 + lane * 16);
-        const uint2 l = *reinterpret_cast<const uint2*>(st + 2048 + q * 256 + lane * 8);
-        decode16(h, l, a + 8 * q);
+      for (int q = 0; q < 2 * MT; ++q) {
+        const uint4 hv = *reinterpret_cast<const uint4*>(st + q * 512 + lane * 16);
+        const uint2 lv = *reinterpret_cast<const uint2*>(st + G_::kHi + q * 256 + lane * 8);
+        decode16(hv, lv, a + 8 * q);
       }
 #pragma unroll
       for (int j0 = 0; j0 < NCH; j0 += JG) {
@@ -225,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_slab_kernel(const SlabPa
         for (int jj = 0; jj < JG; ++jj) {
           uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
           if (NCH > 1 || g < p.xrows) {  // NCH = 1, M < 8: rows past M are not in the stage
-            const uint8_t* xr = st + kQuarter + (8 * (j0 + jj) + g) * kXRow + 32 * t;
+            const uint8_t* xr = st + G_::kW + (8 * (j0 + jj) + g) * kXRow + 32 * t;
             b0 = *reinterpret_cast<const uint4*>(xr);
             b1 = *reinterpret_cast<const uint4*>(xr + 16);
           }
@@ -237,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_slab_kernel(const SlabPa
 #pragma unroll
           for (int jj = 0; jj < JG; ++jj)
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
+            for (int mt = 0; mt < MT; ++mt) {
               const uint32_t af[4] = {a[16 * mt + 4 * ks], a[16 * mt + 4 * ks + 1], a[16 * mt + 4 * ks + 2],
                                       a[16 * mt + 4 * ks + 3]};
               mma_bf16_16816(acc[mt][j0 + jj], af, bw[jj][2 * ks], bw[jj][2 * ks + 1]);
@@ -245,54 +240,61 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_slab_kernel(const SlabPa
       }
     }
 
-    // Range sums: warps c >= 1 hand theirs over, warp 0 adds them in range order. Two barriers:
-    // after the writes, and after warp 0's reads (so the next slab's writes wait for them).
-    if (c > 0) {
+    // Range sums: warps of ranges c >= 1 hand theirs over, red_ranges at a time; the range-0
+    // warp(s) add them in range order. Two barriers per round: after the writes, after the reads.
+    for (int r0 = 1; r0 < kSplit; r0 += p.red_ranges) {
+      const int r1 = min(r0 + p.red_ranges, kSplit);
+      if (c >= r0 && c < r1) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt) {
+          const int mtg = H == 2 ? mh : mt;
 #pragma unroll
-        for (int jj = 0; jj < NCH; ++jj)
-          red[((c - 1) * kFrag + mt * NCH + jj) * 32 + lane] =
-              make_float4(acc[mt][jj][0], acc[mt][jj][1], acc[mt][jj][2], acc[mt][jj][3]);
-      __syncthreads();
-      __syncthreads();
-      continue;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int cc = 1; cc < kSplit; ++cc)
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int jj = 0; jj < NCH; ++jj) {
-          const float4 v = red[((cc - 1) * kFrag + mt * NCH + jj) * 32 + lane];
-          float* a4 = acc[mt][jj];
-          a4[0] = __fadd_rn(a4[0], v.x);
-          a4[1] = __fadd_rn(a4[1], v.y);
-          a4[2] = __fadd_rn(a4[2], v.z);
-          a4[3] = __fadd_rn(a4[3], v.w);
+          for (int jj = 0; jj < NCH; ++jj)
+            red[(((c - r0) * 2 + mtg) * NCH + jj) * 32 + lane] =
+                make_float4(acc[mt][jj][0], acc[mt][jj][1], acc[mt][jj][2], acc[mt][jj][3]);
         }
-    __syncthreads();
+      }
+      __syncthreads();
+      if (c == 0) {
+        for (int cc = r0; cc < r1; ++cc)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const int mtg = H == 2 ? mh : mt;
+#pragma unroll
+            for (int jj = 0; jj < NCH; ++jj) {
+              const float4 v = red[(((cc - r0) * 2 + mtg) * NCH + jj) * 32 + lane];
+              float* a4 = acc[mt][jj];
+              a4[0] = __fadd_rn(a4[0], v.x);
+              a4[1] = __fadd_rn(a4[1], v.y);
+              a4[2] = __fadd_rn(a4[2], v.z);
+              a4[3] = __fadd_rn(a4[3], v.w);
+            }
+          }
+      }
+      __syncthreads();
+    }
+    if (c != 0) continue;
 
     if constexpr (NCH >= 8) load_rows();
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt) {
+      const int mtg = H == 2 ? mh : mt;
 #pragma unroll
       for (int jj = 0; jj < NCH; ++jj)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int h = i >> 1, r = 2 * mt + h;
-          const int n = nbase + 16 * mt + g + 8 * h;
+          const int n = nbase + 16 * mtg + g + 8 * h;
           const int m = 8 * jj + 2 * t + (i & 1);
           if (n < p.N && m < p.M) {
-            const float sc = pick(rd.scale, r);
+            const float sc = rscale[r];
             float v = acc[mt][jj][i] * sc;
-            const int e0 = pick(rd.e0, r), e1 = pick(rd.e1, r);
-            if (e0 < e1) v = fix_escapes(v, sc, e0, e1, m, p);
-            if (p.bias) v = __fadd_rn(v, pick(rd.bias, r));
+            if (re0[r] < re1[r]) v = fix_escapes(v, sc, re0[r], re1[r], m, p);
+            if (p.bias) v = __fadd_rn(v, rbias[r]);
             p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
           }
         }
+    }
   }
   cp_async_wait<0>();
 }
@@ -324,31 +326,34 @@ cudaError_t dev_info(DevInfo& d, int& dev) {
 
 // Ring depth per warp with `cps` CTAs per SM: what the SM's shared memory holds after the
 // range-sum buffer and the 1 KB per CTA the hardware reserves, at most `cap` (0: kMaxStages).
-int ring_stages(const DevInfo& d, int stage_bytes, int red_bytes, int cps, int cap) {
+int ring_stages(const DevInfo& d, int warps, int stage_bytes, int red_bytes, int cps, int cap) {
   int budget = d.smem_sm / cps - 1024;
   if (budget > d.smem_optin) budget = d.smem_optin;
-  const int s = (budget - red_bytes) / (kWarps * stage_bytes);
+  const int s = (budget - red_bytes) / (warps * stage_bytes);
   const int hi = (cap >= 2 && cap < kMaxStages) ? cap : kMaxStages;
   return s > hi ? hi : s;
 }
 
-template <int NCH>
+template <int NCH, int H>
 cudaError_t launch_slab(SlabParams p, const DevInfo& d, int dev, int cps_req, int stage_cap, bool pdl,
                         cudaStream_t stream) {
-  auto kern = gemm_w12_slab_kernel<NCH>;
+  using G_ = Geo<H>;
+  auto kern = gemm_w12_slab_kernel<NCH, H>;
   p.xrows = NCH == 1 ? p.M : 8 * NCH;
-  p.stage_bytes = (kQuarter + p.xrows * kXRow + 15) / 16 * 16;
-  p.red_bytes = (kSplit - 1) * 2 * NCH * 32 * 16;
+  p.stage_bytes = (G_::kW + p.xrows * kXRow + 15) / 16 * 16;
+  const int per_range = 2 * NCH * 32 * 16;  // one range's sums for the slab's two m-tiles
+  p.red_ranges = NCH >= 8 ? 4 : kSplit - 1;
+  p.red_bytes = p.red_ranges * per_range;
   // Two CTAs per SM when there are slabs for them and each warp still gets a ring of >= 4
   // stages, else one (with the deeper ring).
   int cps = cps_req < 1 ? 1 : cps_req > 2 ? 2 : cps_req;
   if (p.nslab <= d.sms) cps = 1;
-  if (cps == 2 && ring_stages(d, p.stage_bytes, p.red_bytes, 2, stage_cap) < 4) cps = 1;
-  p.S = ring_stages(d, p.stage_bytes, p.red_bytes, cps, stage_cap);
+  if (cps == 2 && ring_stages(d, G_::kWarps, p.stage_bytes, p.red_bytes, 2, stage_cap) < 4) cps = 1;
+  p.S = ring_stages(d, G_::kWarps, p.stage_bytes, p.red_bytes, cps, stage_cap);
   if (p.S < 2) return cudaErrorInvalidConfiguration;
   const int per = (p.nslab + d.sms * cps - 1) / (d.sms * cps);
   p.G = (p.nslab + per - 1) / per;
-  const int smem = p.red_bytes + kWarps * p.S * p.stage_bytes;
+  const int smem = p.red_bytes + G_::kWarps * p.S * p.stage_bytes;
   static int configured[64] = {0};
   if (!configured[dev]) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, d.smem_optin);
@@ -357,7 +362,7 @@ cudaError_t launch_slab(SlabParams p, const DevInfo& d, int dev, int cps_req, in
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.G);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(G_::kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -406,11 +411,17 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream) {
     p.x = a.x + (int64_t)m0 * a.ldx;
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
+    // Two warps per K range (one per m-tile) where decode latency dominates (M <= 8), unless
+    // W12_GEMM_DIAG bit 64 asks for one (timing only: the same bits either way).
+    const bool split_m = nch_for(tokens) == 1 && !(a.flags & 64);
     switch (nch_for(tokens)) {
-      case 1: e = launch_slab<1>(p, d, dev, cps, a.stages, pdl, stream); break;
-      case 2: e = launch_slab<2>(p, d, dev, cps, a.stages, pdl, stream); break;
-      case 4: e = launch_slab<4>(p, d, dev, cps, a.stages, pdl, stream); break;
-      default: e = launch_slab<8>(p, d, dev, cps, a.stages, pdl, stream); break;
+      case 1:
+        e = split_m ? launch_slab<1, 2>(p, d, dev, cps, a.stages, pdl, stream)
+                    : launch_slab<1, 1>(p, d, dev, cps, a.stages, pdl, stream);
+        break;
+      case 2: e = launch_slab<2, 1>(p, d, dev, cps, a.stages, pdl, stream); break;
+      case 4: e = launch_slab<4, 1>(p, d, dev, cps, a.stages, pdl, stream); break;
+      default: e = launch_slab<8, 1>(p, d, dev, cps, a.stages, pdl, stream); break;
     }
     if (e != cudaSuccess) return e;
   }

@@ -322,9 +322,9 @@ def test_auto_kernel_matches_its_choice(n, k, monkeypatch):
 @pytest.mark.parametrize("m", [1, 5, 16, 40, 64])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (8448, 1000), (130, 70), (256, 14336), (96, 320)])
 def test_v3_variants_change_no_bit(n, k, m, monkeypatch):
-    # v3's sum is ((r0 + r1) + r2) + r3 over four K ranges fixed by K alone: programmatic
-    # dependent launch (W12_GEMM_DIAG=32 turns it off), the ring depth and the grid change only
-    # timing.
+    # v3's sum is r0 + r1 + ... + r7 over eight K ranges fixed by K alone: programmatic
+    # dependent launch (W12_GEMM_DIAG=32 turns it off), one warp per range instead of two at
+    # M <= 8 (64), the ring depth and the grid change only timing.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v3")
     gen = torch.Generator().manual_seed(91 + m)
     wt = _weight(n, k, gen, spread=False)
@@ -334,7 +334,7 @@ def test_v3_variants_change_no_bit(n, k, m, monkeypatch):
     a = w12.linear(x, w)
     _assert_close(a, _ref(x, wt.to(DEV)), x, wt.to(DEV))
     a = a.view(torch.int16)
-    for diag in ("32",):
+    for diag in ("32", "64"):
         monkeypatch.setenv("W12_GEMM_DIAG", diag)
         assert torch.equal(w12.linear(x, w).view(torch.int16), a), f"W12_GEMM_DIAG={diag} changed the result"
     monkeypatch.setenv("W12_GEMM_DIAG", "0")
