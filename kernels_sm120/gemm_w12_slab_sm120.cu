@@ -68,18 +68,6 @@ struct SlabParams {
   int diag;         // bit 0: stream only, no decode/MMA (wrong output; benchmark diagnostics)
 };
 
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // cp.async.wait_group takes an immediate: dispatch a uniform run-time count.
 __device__ __forceinline__ void cp_async_wait_dyn(int n) {
   switch (n) {
@@ -142,15 +130,13 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
   }
   __syncwarp();
   pdl_launch_dependents();
-  pdl_wait();  // x is read and y written only after the previous kernel has finished
 
   // Stage j of this warp = record kb + j % len of slab blockIdx.x + (j / len) * G: its share of
   // the record's quarter (hi then lo bytes, as layout 1 stores them) and the activation columns.
   const int total = nmine * len;
-  int ld_j = 0, ld_slab = (int)blockIdx.x, ld_i = 0;  // next stage to load (no divisions per stage)
-  auto load_next = [&](int slot) {
-    const uint8_t* rec = p.records + ((int64_t)(ld_slab >> 2) * p.KT + kb + ld_i) * kRec;
-    const int q0 = ld_slab & 3;
+  auto load_w = [&](int slot, int slab, int i) {
+    const uint8_t* rec = p.records + ((int64_t)(slab >> 2) * p.KT + kb + i) * kRec;
+    const int q0 = slab & 3;
     const uint32_t dst = rbase + slot * p.stage_bytes;
 #pragma unroll
     for (int v = 0; v < G_::kHi / 512; ++v)
@@ -158,19 +144,35 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
 #pragma unroll
     for (int v = 0; v < G_::kHi / 1024; ++v)
       cp_async16(dst + G_::kHi + v * 512 + lane * 16, rec + 8192 + q0 * 1024 + mh * 512 + v * 512 + lane * 16);
-    const int64_t col = (int64_t)(kb + ld_i) * 64;
-    for (int v = lane; v < p.M * 8; v += 32)
-      cp_async16(dst + G_::kW + (v >> 3) * kXRow + (v & 7) * 16, p.x + (int64_t)(v >> 3) * p.ldx + col + (v & 7) * 8);
-    ++ld_j;
-    if (++ld_i == len) ld_i = 0, ld_slab += p.G;
   };
-  for (int j = 0; j < S - 1; ++j) {  // S-1 stages in flight, one commit group each
-    if (ld_j < total) load_next(j);
+  auto load_x = [&](int slot, int i) {
+    const int64_t col = (int64_t)(kb + i) * 64;
+    const uint32_t dst = rbase + slot * p.stage_bytes + G_::kW;
+    for (int v = lane; v < p.M * 8; v += 32)
+      cp_async16(dst + (v >> 3) * kXRow + (v & 7) * 16, p.x + (int64_t)(v >> 3) * p.ldx + col + (v & 7) * 8);
+  };
+  // Prologue, S-1 stages: weights first (constant, so they may stream while the previous kernel
+  // finishes), then griddepcontrol.wait, then the activation columns; one commit group per stage
+  // (the first group also holds every prologue weight copy).
+  const int pre = total < S - 1 ? total : S - 1;
+  int ld_j = 0, ld_slab = (int)blockIdx.x, ld_i = 0;  // next stage to load (no divisions per stage)
+  for (int j = 0; j < pre; ++j) {
+    load_w(j, ld_slab, ld_i);
+    if (++ld_i == len) ld_i = 0, ld_slab += p.G;
+  }
+  pdl_wait();  // x is read and y written only after the previous kernel has finished
+  for (int j = 0, i = 0; j < S - 1; ++j) {
+    if (j < pre) {
+      load_x(j, i);
+      if (++i == len) i = 0;
+    }
     cp_async_commit();
   }
+  ld_j = pre;
+  int ld_slot = pre % S;
 
   float4* red = reinterpret_cast<float4*>(smem);  // [red_ranges][2 m-tiles][NCH][32 lanes]
-  int j = 0;
+  int slot = 0;
   for (int it = 0; it < nmine; ++it) {
     const int nbase = ((int)blockIdx.x + it * p.G) * 32;
 
@@ -199,13 +201,20 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[mt][jj][i] = 0.f;
 
-    for (int i = 0; i < len; ++i, ++j) {
+    for (int i = 0; i < len; ++i) {
       cp_async_wait_dyn(S - 2);  // this lane's copies of stage j have landed
       __syncwarp();              // ... and every lane's; all lanes are done with stage j - 1
-      if (ld_j < total) load_next(ld_j % S);
+      if (ld_j < total) {
+        load_w(ld_slot, ld_slab, ld_i);
+        load_x(ld_slot, ld_i);
+        ++ld_j;
+        if (++ld_i == len) ld_i = 0, ld_slab += p.G;
+        if (++ld_slot == S) ld_slot = 0;
+      }
       cp_async_commit();
+      const uint8_t* st = ring + slot * p.stage_bytes;
+      if (++slot == S) slot = 0;
       if (p.diag & 1) continue;
-      const uint8_t* st = ring + (j % S) * p.stage_bytes;
       uint32_t a[16 * MT];
 #pragma unroll
       for (int q = 0; q < 2 * MT; ++q) {
