@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s)
     if (s < nrec) load_w(s, s);
-  pdl_launch_dependents();
+  if (p.flags & 128) pdl_launch_dependents();  // diagnostic: early trigger (measured slower)
   pdl_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -241,6 +241,10 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     }
   }
   cp_async_wait<0>();
+  // The next kernel may start its prologue (record prefetch) now, overlapping this CTA's
+  // reduction and epilogue. Triggering at the start instead was measured slower: the waiting
+  // CTAs of the next launch then sat on the SMs for the whole main loop.
+  if (!(p.flags & 128)) pdl_launch_dependents();
 
 #if __CUDA_ARCH__ >= 900
   if (p.S > 1 && p.cluster) {

@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
     }
   }
   __syncwarp();
-  pdl_launch_dependents();
+  if (!(p.diag & 128)) pdl_launch_dependents();  // bit 128: trigger after the main loop instead
 
   // Stage j of this warp = record kb + j % len of slab blockIdx.x + (j / len) * G: its share of
   // the record's quarter (hi then lo bytes, as layout 1 stores them) and the activation columns.
@@ -249,6 +249,7 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
       }
     }
 
+    if ((p.diag & 128) && it == nmine - 1) pdl_launch_dependents();
     // Range sums: warps of ranges c >= 1 hand theirs over, red_ranges at a time; the range-0
     // warp(s) add them in range order. Two barriers per round: after the writes, after the reads.
     for (int r0 = 1; r0 < kSplit; r0 += p.red_ranges) {
@@ -414,7 +415,7 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream) {
   p.nslab = (a.N + 31) / 32;
   p.ldx = a.ldx;
   p.ldy = a.ldy;
-  p.diag = a.flags & 1;
+  p.diag = a.flags & (1 | 128);
   for (int m0 = 0; m0 < a.M; m0 += kMaxTokens) {
     const int tokens = (a.M - m0) < kMaxTokens ? (a.M - m0) : kMaxTokens;
     p.x = a.x + (int64_t)m0 * a.ldx;
