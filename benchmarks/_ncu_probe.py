@@ -1,10 +1,16 @@
-import os, sys, torch, w12
-sys.path.insert(0, "benchmarks")
+"""ncu target: a few W12 GEMM launches of one shape on cold weights (used by device runs)."""
+
+import sys
+
+import torch
+
+import w12
 from bench_gemm import random_w12
+
+n, k, m = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1
 g = torch.Generator(device="cuda").manual_seed(0)
-n, k = int(sys.argv[1]), int(sys.argv[2])
 ws = [random_w12(n, k, torch.device("cuda"), g) for _ in range(4)]
-x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
 for i in range(8):
     w12.linear(x, ws[i % 4])
 torch.cuda.synchronize()

@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
 LLAMA_8B = dict(
     hidden_size=4096,
     intermediate_size=14336,

@@ -7,6 +7,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "gemm_w12_mma.cuh"
 
 extern "C" {
@@ -65,6 +69,46 @@ int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, 
   if (kernel == 3) return static_cast<int>(w12::gemm_slab_launch(a, static_cast<cudaStream_t>(stream)));
   if (kernel == 2) return static_cast<int>(w12::gemm_sk_launch(a, static_cast<cudaStream_t>(stream)));
   return static_cast<int>(w12::gemm_launch(a, static_cast<cudaStream_t>(stream)));
+}
+
+// Zeroed int counters for the K-split tickets of (device, stream), owned by this library (never
+// freed: in-flight kernels and captured graphs may still use a buffer after it is outgrown).
+// Allocated outside torch's caching allocator on purpose: a buffer created while a graph is
+// being captured must not live in that graph's private pool, where torch.compile's CUDA-graph
+// trees reject it as an untracked live tensor and where it would be reused after replay. The
+// allocation switches the thread to relaxed capture mode (as torch's allocator does) and zeroes
+// the memory on a private stream, so it is legal during capture and adds no graph node.
+// Returns nullptr and sets *err on failure.
+void* w12_gemm_counters_buffer(int device, void* stream, int n_ints, int* err) {
+  static std::mutex mu;
+  static std::map<std::pair<int, void*>, std::pair<void*, int>> bufs;
+  std::lock_guard<std::mutex> lock(mu);
+  *err = 0;
+  auto key = std::make_pair(device, stream);
+  auto it = bufs.find(key);
+  if (it != bufs.end() && it->second.second >= n_ints) return it->second.first;
+  const int n = n_ints < 4096 ? 4096 : n_ints;
+  int prev = 0;
+  cudaError_t e = cudaGetDevice(&prev);
+  if (e == cudaSuccess) e = cudaSetDevice(device);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (e == cudaSuccess) e = cudaThreadExchangeStreamCaptureMode(&mode);
+  void* ptr = nullptr;
+  cudaStream_t side = nullptr;
+  if (e == cudaSuccess) e = cudaMalloc(&ptr, static_cast<size_t>(n) * sizeof(int));
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMemsetAsync(ptr, 0, static_cast<size_t>(n) * sizeof(int), side);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(side);
+  if (side) cudaStreamDestroy(side);
+  cudaThreadExchangeStreamCaptureMode(&mode);  // back to the caller's mode
+  cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    if (ptr) cudaFree(ptr);
+    *err = static_cast<int>(e);
+    return nullptr;
+  }
+  bufs[key] = std::make_pair(ptr, n);
+  return ptr;
 }
 
 // 0 when this library holds a GEMM kernel image for the current device, else the cudaError_t

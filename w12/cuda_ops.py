@@ -20,6 +20,8 @@ Settings (environment, read on each call):
   ``W12_GEMM_FALLBACK_M`` (default 64): above this many token rows the op decodes the weight
       and calls cuBLAS instead of running the fused kernel in 64-row passes (the kernel's
       determinism across M holds for M up to this value).
+  ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+): ``auto`` = on for
+      v3 only (measured), ``1`` / ``0`` force it. Timing only: the bits never change.
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); 1 and 2 skip work and give wrong results on purpose.
 """
@@ -112,6 +114,8 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_splits.restype = _INT
     so.w12_gemm_splits.argtypes = [_INT, _INT, _INT]
     so.w12_gemm_check_device.restype = _INT
+    so.w12_gemm_counters_buffer.restype = _VP
+    so.w12_gemm_counters_buffer.argtypes = [_INT, _VP, _INT, ctypes.POINTER(_INT)]
     so.w12_gemm_error_string.restype = ctypes.c_char_p
     so.w12_gemm_error_string.argtypes = [_INT]
     _GEMM = so
@@ -200,27 +204,35 @@ def kernel_version(n: int | None = None, k: int | None = None, device="cuda") ->
     return _KERNELS[raw]
 
 
+def _pdl(kver: int) -> bool:
+    """Programmatic dependent launch: ``W12_GEMM_PDL`` auto (default) = on for v3, off for v1/v2.
+
+    Measured on the H200 (docs/perf-notes.md): v3 gained from it, v1 lost a little (the
+    waiting CTAs of the next launch hold SM slots), so auto follows the measurements.
+    """
+    raw = os.environ.get("W12_GEMM_PDL", "auto")
+    if raw not in ("auto", "0", "1"):
+        raise ValueError(f"W12_GEMM_PDL={raw!r} must be auto, 0 or 1")
+    return kver == 3 if raw == "auto" else raw == "1"
+
+
 def splits(n: int, k: int, device="cuda") -> int:
     """Number of K slices the v1 GEMM uses for an (N, K) weight on ``device`` (independent of M)."""
     return int(_gemm_lib().w12_gemm_splits(n, k, target_ctas(device)))
 
 
 # Ticket counters of the K-split reduction: zero between calls (each call leaves them zero), one
-# array per (device, stream) so calls on different streams never share one. A graph being
-# captured gets its own array: zero-filling it is then a node of the graph, which an eager call
-# must not rely on.
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-_COUNTERS_LOCK = threading.Lock()
-
-
-def _counters(device: torch.device, stream: torch.cuda.Stream, need: int) -> torch.Tensor:
-    key = (device.index, stream.cuda_stream, torch.cuda.is_current_stream_capturing())
-    with _COUNTERS_LOCK:
-        buf = _COUNTERS.get(key)
-        if buf is None or buf.numel() < need:
-            buf = torch.zeros(max(need, 4096), dtype=torch.int32, device=device)
-            _COUNTERS[key] = buf
-        return buf
+# array per (device, stream) so calls on different streams never share one. The library owns
+# them (cudaMalloc outside torch's allocator, legal during graph capture): a torch tensor created
+# during a capture would live in that graph's private pool, which torch.compile's CUDA-graph
+# trees reject and may hand to other tensors after the capture.
+def _counters(device: torch.device, stream: torch.cuda.Stream, need: int) -> int:
+    so = _gemm_lib()
+    err = ctypes.c_int(0)
+    ptr = so.w12_gemm_counters_buffer(device.index, stream.cuda_stream, need, ctypes.byref(err))
+    if not ptr:
+        raise RuntimeError(f"w12.linear: cannot allocate GEMM counters on {device}: {_err(err.value)}")
+    return ptr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,6 +363,9 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     stream = torch.cuda.current_stream(device)
     counters = _counters(device, stream, int(so.w12_gemm_counters(n, k, tgt, kver))) if ws_bytes else None
+    flags = _env_int("W12_GEMM_DIAG", 0, allowed=set(range(1024))) if "W12_GEMM_DIAG" in os.environ else 0
+    if not _pdl(kver):
+        flags |= 32
     code = so.w12_gemm(
         x2.data_ptr(),
         x2.stride(0),
@@ -366,10 +381,10 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
         n,
         k,
         None if ws is None else ws.data_ptr(),
-        None if counters is None else counters.data_ptr(),
+        counters,
         tgt,
         stages,
-        _env_int("W12_GEMM_DIAG", 0, allowed=set(range(1024))) if "W12_GEMM_DIAG" in os.environ else 0,
+        flags,
         kver,
         stream.cuda_stream,
     )
