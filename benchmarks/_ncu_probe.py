@@ -3,9 +3,9 @@
 import sys
 
 import torch
+from bench_gemm import random_w12
 
 import w12
-from bench_gemm import random_w12
 
 n, k, m = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1
 g = torch.Generator(device="cuda").manual_seed(0)
