@@ -9,6 +9,7 @@ import torch
 
 import w12
 from w12 import cuda_ops, layouts
+from w12.nn import W12Linear
 
 pytestmark = pytest.mark.gpu
 
@@ -89,6 +90,20 @@ def test_bias_and_leading_dims():
     assert y.shape == (2, 3, 300)
     ref = _ref(x.view(6, 200), wt.to(DEV), b.to(torch.bfloat16))
     _assert_close(y.view(6, 300), ref, x.view(6, 200), wt.to(DEV))
+
+
+def test_strided_activations():
+    # Transformers hands the LM head hidden[:, -1:, :] of a [B, T, K] tensor: not contiguous.
+    gen = torch.Generator().manual_seed(7)
+    lin = torch.nn.Linear(256, 384, bias=False, dtype=torch.bfloat16)
+    mod = W12Linear.from_linear(lin).to(DEV)
+    h = torch.randn(8, 5, 256, generator=gen).to(torch.bfloat16).to(DEV)
+    x = h[:, -1:, :]
+    assert not x.is_contiguous()
+    want = mod(x.contiguous()).view(torch.int16)
+    assert torch.equal(mod(x).view(torch.int16), want)
+    w = mod.weight_w12()
+    assert torch.equal(w12.linear(x, w).view(torch.int16), want)
 
 
 def test_inf_nan_and_subnormal_weights():

@@ -59,7 +59,8 @@ def linear(x: torch.Tensor, w: W12Weight, bias: torch.Tensor | None = None) -> t
         raise ValueError(f"w12.linear: x has {x.shape[-1]} features (shape {tuple(x.shape)}), weight expects K={w.K}")
     if bias is not None and tuple(bias.shape) != (w.N,):
         raise ValueError(f"w12.linear: bias has shape {tuple(bias.shape)}, expected ({w.N},)")
-    return torch.ops.w12.linear(x, *w.tensors(), w.N, w.K, w.layout, bias)
+    # Like F.linear, any strides: the op itself reads a contiguous x.
+    return torch.ops.w12.linear(x.contiguous(), *w.tensors(), w.N, w.K, w.layout, bias)
 
 
 __all__ = ["pack", "unpack", "unpack_8bit", "linear", "ops"]

@@ -183,8 +183,10 @@ class W12Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The op directly, not ``w12.linear``: that wrapper's Python checks would run on every
         # call of every layer in eager decoding; the shapes here are fixed by construction.
+        # nn.Linear takes any strides (Transformers slices the last position of [B, T, K] hidden
+        # states for the LM head); the op reads rows of a contiguous x, so copy when needed.
         return torch.ops.w12.linear(
-            x,
+            x.contiguous(),
             self.w12_records,
             self.w12_base,
             self.w12_esc_ptr,
