@@ -36,20 +36,62 @@ class ModelDrafter:
     Its KV cache holds the committed context; each `propose` first feeds the tokens committed since
     the last call, then expands the `beam` best nodes of each level (by path log-prob) into their
     `topk` children, each row attending the context and its own ancestors (tree mask), and finally
-    drops the draft rows from the cache. Everything stays on the device: no host sync while drafting."""
+    drops the draft rows from the cache. Everything stays on the device: no host sync while drafting.
 
-    def __init__(self, model, capacity: int = 512):
+    `static` (default: on CUDA) keeps the cache in fixed buffers and runs each forward through a
+    `StaticRunner`, CUDA-graphed per row count: a drafting level is a handful of rows, so an eager
+    forward is almost all launch and Python overhead (measured on the H200: ~25 ms per level for a
+    0.5B drafter, against ~1 ms replayed). The static cache doubles (graphs re-captured) when a
+    request outgrows it. Both modes draft the same tokens."""
+
+    def __init__(self, model, capacity: int = 512, static: bool | None = None, use_graphs: bool | None = None):
         self.lm = CausalLM(model)
         self.capacity = capacity
         self.cache = None
         self.tokens: list[int] = []
+        self.static = (self.lm.device.type == "cuda") if static is None else bool(static)
+        self.use_graphs = use_graphs
+        self.runner = None
+
+    def _new_runner(self, capacity: int):
+        from .graphs import StaticRunner
+
+        head = self.lm.lm_head
+        return StaticRunner(
+            self.lm,
+            capacity,
+            use_graphs=self.use_graphs,
+            project=lambda h: torch.log_softmax(head(h).float(), dim=-1),
+        )
+
+    def _ensure_capacity(self, need: int) -> None:
+        """Static mode: grow (double) the runner when `need` rows would not fit, keeping the context."""
+        if not self.static or need <= self.runner.capacity:
+            return
+        cap = self.runner.capacity
+        while cap < need:
+            cap *= 2
+        old, keep = self.runner, self.cache.length
+        self.runner = self._new_runner(cap)
+        for i in range(old.cache.num_layers):
+            self.runner.cache._k[i][:, :, :keep] = old.cache._k[i][:, :, :keep]
+            self.runner.cache._v[i][:, :, :keep] = old.cache._v[i][:, :, :keep]
+        self.runner.cache.length = keep
+        self.cache = self.runner.cache
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         ids = prompt_ids.reshape(-1).tolist()
         if not ids:
             raise ValueError("ModelDrafter.reset: empty prompt")
         self.tokens = list(ids)
-        self.cache = self.lm.new_cache(max(self.capacity, len(ids) + 64))
+        need = max(self.capacity, len(ids) + 64)
+        if not self.static:
+            self.cache = self.lm.new_cache(need)
+            return
+        if self.runner is None or self.runner.capacity < need:
+            self.runner = self._new_runner(max(need, 2 * self.capacity))
+        self.runner.cache.length = 0
+        self.cache = self.runner.cache
 
     def commit(self, tokens: list[int]) -> None:
         self.tokens.extend(int(t) for t in tokens)
@@ -64,8 +106,22 @@ class ModelDrafter:
             self.cache.crop(self.cache.length - 1)
             pending = self.tokens[-1:]
         ids = host_to_device(pending, self.lm.device).view(1, -1)
+        if self.static:
+            self._ensure_capacity(self.cache.length + len(pending) + 1)
+            # Short feeds (the tokens of the last step) replay a graph; the prompt runs eagerly.
+            return self.runner.prefill(ids, graph=len(pending) <= 16)[0, -1]
         h = self.lm.prefill(self.cache, ids)
         return torch.log_softmax(self.lm.lm_head(h[0, -1:]).float(), dim=-1)[0]
+
+    def _rows(self, ids: torch.Tensor, pos: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Log-probs `[R, V]` of draft rows `ids [R]` written after `cache.length` (not committed),
+        each seeing the columns of `allowed [R, cache.length + R]`."""
+        base = self.cache.length
+        if self.static:
+            self._ensure_capacity(base + ids.numel())
+            return self.runner.forward(ids.view(-1), pos.view(-1), allowed, base)[0]
+        h = self.lm.hidden(ids.view(1, -1), pos.view(1, -1), allowed.unsqueeze(0), self.cache)
+        return torch.log_softmax(self.lm.lm_head(h[0]).float(), dim=-1)
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> NodeLattice | PositionLattice:
@@ -104,13 +160,12 @@ class ModelDrafter:
             new_anc = torch.cat([par_anc, torch.eye(beam, dtype=torch.bool, device=dev)], dim=1)  # [beam, f0+beam]
             fed_anc = torch.cat([torch.cat([fed_anc, torch.zeros(f0, beam, dtype=torch.bool, device=dev)], 1), new_anc])
             fed_rows[front + 1] = torch.arange(f0, f0 + beam, device=dev)
-            allowed = torch.cat([torch.ones(beam, base, dtype=torch.bool, device=dev), new_anc], dim=1).unsqueeze(0)
-            pos = torch.full((1, beam), base - 1 + d, dtype=torch.long, device=dev)
+            allowed = torch.cat([torch.ones(beam, base, dtype=torch.bool, device=dev), new_anc], dim=1)
+            pos = torch.full((beam,), base - 1 + d, dtype=torch.long, device=dev)
             # Rows of earlier levels are already in the cache after `base`; write this level after them.
             self.cache.length = base + f0
-            h = self.lm.hidden(all_tok[front].view(1, beam), pos, allowed, self.cache)
+            child_lp = self._rows(all_tok[front], pos, allowed)
             self.cache.length = base + f0 + beam
-            child_lp = torch.log_softmax(self.lm.lm_head(h[0]).float(), dim=-1)
             kk = min(req.topk, child_lp.shape[-1])
             clp, ctok = torch.topk(child_lp, kk)  # [beam, kk]
             parent_score = all_scores[front].unsqueeze(1)
@@ -132,8 +187,10 @@ class ModelDrafter:
         lp, tok = torch.topk(root_logp, k)
         all_tok, all_lp = [tok], [lp]
         for _ in range(1, req.depth):
-            h = self.lm.prefill(self.cache, all_tok[-1][:1].view(1, 1))
-            step = torch.log_softmax(self.lm.lm_head(h[0, -1:]).float(), dim=-1)[0]
+            base = self.cache.length
+            one = torch.ones(1, base + 1, dtype=torch.bool, device=root_logp.device)
+            step = self._rows(all_tok[-1][:1], torch.full((1,), base, dtype=torch.long, device=one.device), one)[0]
+            self.cache.advance(1)
             lp, tok = torch.topk(step, k)
             all_tok.append(tok)
             all_lp.append(lp)

@@ -1,4 +1,4 @@
-"""Static-shape verify for CUDA graphs: one captured forward per tree size.
+"""Static-shape forwards for CUDA graphs: one captured forward per row count.
 
 The KV cache is preallocated (`KVCache.allocate_static`), every verify attends the whole buffer with
 the unused columns masked, and the rows are written at device indices, so the forward for R rows has
@@ -6,6 +6,10 @@ the same shapes at every step and can be captured once and replayed. The inputs 
 mask, write indices) are static buffers refilled before each replay, on the device, without a sync.
 Off CUDA (or with `use_graphs=False`) the same static path runs eagerly, which is how it is tested
 on the CPU.
+
+`StaticRunner` is the machinery (any row count, any mask, any projection of the hidden states);
+`StaticVerifier` projects to the target's argmax for tree verify; `ModelDrafter` uses a runner that
+projects to log-probs for its level-by-level drafting.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ def _kv_shape(model) -> tuple[int, int]:
     return int(kv), int(head_dim)
 
 
-class StaticVerifier:
-    """Prefill and tree verify over a static KV cache, CUDA-graphed per row count when possible."""
+class StaticRunner:
+    """Forwards over a static KV cache, CUDA-graphed per row count when possible.
 
-    def __init__(self, target: CausalLM, capacity: int, use_graphs: bool | None = None):
+    `project(hidden [1, R, H])` runs inside the graph on the decoder's output (argmax ids for a
+    verifier, log-probs for a drafter)."""
+
+    def __init__(self, target: CausalLM, capacity: int, use_graphs: bool | None = None, project=None):
         self.lm = target
+        self.project = project if project is not None else target.head
         self.capacity = int(capacity)
         self.cache = KVCache(target.num_layers, self.capacity)
         kv, hd = _kv_shape(target.model)
@@ -49,7 +57,7 @@ class StaticVerifier:
             use_cache=True,
             **{self.lm._cache_kw: self.cache},
         )
-        return self.lm.head(out.last_hidden_state)
+        return self.project(out.last_hidden_state)
 
     def _slot(self, rows: int) -> dict:
         if rows in self._slots:
@@ -68,16 +76,39 @@ class StaticVerifier:
     def _fill(self, slot, ids, pos, allowed_tail, base):
         """allowed_tail [rows, rows]: which of the rows being written each row may see."""
         rows = ids.shape[-1]
+        allowed = (self._cols < base).unsqueeze(0).expand(rows, self.capacity).clone()
+        if base + rows <= self.capacity:
+            allowed[:, base : base + rows] = allowed_tail
+        self._fill_mask(slot, ids, pos, allowed, base)
+
+    def _fill_mask(self, slot, ids, pos, allowed, base):
+        """allowed [rows, <= capacity]: every column each row may see (the rest are masked)."""
+        rows = ids.shape[-1]
         if base + rows > self.capacity:
-            raise ValueError(f"StaticVerifier: {base} + {rows} rows exceed the cache capacity {self.capacity}")
+            raise ValueError(f"{type(self).__name__}: {base} + {rows} rows exceed the cache capacity {self.capacity}")
         slot["ids"].copy_(ids.view(1, rows))
         slot["pos"].copy_(pos.view(1, rows))
         slot["widx"].copy_(torch.arange(base, base + rows, device=ids.device))
-        allowed = (self._cols < base).unsqueeze(0).expand(rows, self.capacity).clone()
-        allowed[:, base : base + rows] = allowed_tail
         m = slot["mask"][0, 0]
         m.fill_(self._min)
-        m.masked_fill_(allowed, 0.0)
+        m[:, : allowed.shape[-1]].masked_fill_(allowed, 0.0)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, allowed: torch.Tensor, base: int, graph: bool = True):
+        """Rows `ids [R]` at positions `pos [R]` written at `base ..`, seeing the columns in
+        `allowed [R, <= capacity]`; returns the projection `[1, R, ...]` (the cache length is the
+        caller's to move). `graph=False` runs eagerly (e.g. for one-off row counts)."""
+        rows = ids.numel()
+        slot = self._slot(rows) if graph else self._eager_slot(rows, ids.device)
+        self._fill_mask(slot, ids, pos, allowed, base)
+        return self._forward(rows) if graph else self._run(slot)
+
+    def _eager_slot(self, rows: int, dev) -> dict:
+        return {
+            "ids": torch.zeros(1, rows, dtype=torch.long, device=dev),
+            "pos": torch.zeros(1, rows, dtype=torch.long, device=dev),
+            "mask": torch.full((1, 1, rows, self.capacity), self._min, dtype=self.lm.dtype, device=dev),
+            "widx": torch.zeros(rows, dtype=torch.long, device=dev),
+        }
 
     def _forward(self, rows: int) -> torch.Tensor:
         slot = self._slot(rows)
@@ -102,23 +133,25 @@ class StaticVerifier:
         return slot["out"].clone()
 
     @torch.no_grad()
-    def prefill(self, ids: torch.Tensor) -> None:
-        """Causal prefill of `ids` (1-D) after the committed rows (eager: prompts vary in length)."""
+    def prefill(self, ids: torch.Tensor, graph: bool = False) -> torch.Tensor:
+        """Causal forward of `ids` (1-D) after the committed rows, committed; returns the projection
+        of its rows. Eager by default (prompts vary in length); `graph=True` for short feeds."""
         ids = ids.view(-1).to(self.lm.device)
         t = ids.numel()
         base = self.cache.length
-        slot = {
-            "ids": None,
-            "pos": None,
-            "mask": torch.full((1, 1, t, self.capacity), self._min, dtype=self.lm.dtype, device=self.lm.device),
-            "widx": None,
-        }
-        slot["ids"], slot["pos"] = ids.view(1, t).clone(), torch.zeros(1, t, dtype=torch.long, device=ids.device)
-        slot["widx"] = torch.zeros(t, dtype=torch.long, device=ids.device)
+        slot = self._slot(t) if graph else self._eager_slot(t, ids.device)
         tri = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
         self._fill(slot, ids, torch.arange(base, base + t, device=ids.device), tri, base)
-        self._run(slot)
+        out = self._forward(t) if graph else self._run(slot)
         self.cache.length = base + t
+        return out
+
+
+class StaticVerifier(StaticRunner):
+    """Prefill and tree verify over a static KV cache (projection: the target's argmax head)."""
+
+    def __init__(self, target: CausalLM, capacity: int, use_graphs: bool | None = None):
+        super().__init__(target, capacity, use_graphs)
 
     @torch.no_grad()
     def verify(self, root: torch.Tensor, tree: TreeBatch) -> VerifyOutput:

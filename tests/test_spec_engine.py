@@ -239,3 +239,62 @@ def test_static_verifier_path_is_lossless(pair, tree):
         assert {s.rows for s in res.steps} == {tree.nodes + 1}
         for i in range(target.config.num_hidden_layers):
             torch.testing.assert_close(res.cache.layer(i)[0], ar_cache.layers[i].keys, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["nodes", "positions"])
+def test_static_drafter_drafts_what_the_dynamic_one_does(pair, kind):
+    """ModelDrafter's static path (the CUDA-graph one, run eagerly here) proposes the same lattice
+    as the dynamic-cache path, also across a capacity doubling."""
+    _, _, draft_model = pair
+    req = DraftRequest(kind=kind, depth=5, topk=4, beam=3)
+    for prompt in _prompts(3, seed=31):
+        dyn = ModelDrafter(draft_model, static=False)
+        sta = ModelDrafter(draft_model, capacity=16, static=True, use_graphs=False)
+        for d in (dyn, sta):
+            d.reset(prompt)
+        for step in range(3):
+            if step == 1:  # as if the request had outgrown the buffers: copy the context, re-capture
+                cap = sta.runner.capacity
+                sta._ensure_capacity(cap + 1)
+                assert sta.runner.capacity == 2 * cap
+            a, b = dyn.propose(req), sta.propose(req)
+            if kind == "nodes":
+                assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+                torch.testing.assert_close(a.scores, b.scores, rtol=1e-4, atol=1e-4)
+            else:
+                assert torch.equal(a.tokens, b.tokens)
+                torch.testing.assert_close(a.logp, b.logp, rtol=1e-4, atol=1e-4)
+            new = [int(a.tokens.view(-1)[0]), step + 5]
+            dyn.commit(new)
+            sta.commit(new)
+        assert sta.runner.capacity >= sta.cache.length
+
+
+@pytest.mark.gpu
+def test_graphed_drafter_on_gpu(pair):
+    """On CUDA, ModelDrafter defaults to the static cache with one captured graph per row count;
+    replays with new inputs draft what the dynamic path drafts, and the engine stays lossless."""
+    _, target, draft_model = pair
+    target, draft_model = target.cuda(), draft_model.cuda()
+    try:
+        req = DraftRequest(kind="nodes", depth=4, topk=4, beam=3)
+        sta, dyn = ModelDrafter(draft_model), ModelDrafter(draft_model, static=False)
+        assert sta.static
+        for prompt in _prompts(3, seed=41):
+            prompt = prompt.cuda()
+            sta.reset(prompt)
+            dyn.reset(prompt)
+            for step in range(3):
+                a, b = dyn.propose(req), sta.propose(req)
+                assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+                torch.testing.assert_close(a.scores, b.scores, rtol=1e-4, atol=1e-4)
+                sta.commit([int(a.tokens[0]), step])
+                dyn.commit([int(a.tokens[0]), step])
+        assert sta.runner._slots and not sta.runner.graph_errors
+        prompt = _prompts(1, seed=42)[0]
+        ref, _ = _ar(target, prompt.cuda(), 12)
+        res = SpecEngine(target, ModelDrafter(draft_model), tree=BestFirstTree(8)).generate(prompt.cuda(), 12)
+        assert res.tokens.tolist() == ref.tolist()
+    finally:
+        target.cpu()
+        draft_model.cpu()
