@@ -84,7 +84,7 @@ def _prompts(n: int, seed: int = 0):
 def _ar(target, prompt, max_new_tokens, eos=None):
     out = target.generate(
         prompt.view(1, -1),
-        attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
+        attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long, device=prompt.device),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         eos_token_id=eos,
