@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include "gemm_w12_mma.cuh"
+#include "smxx_gemm_common.cuh"
 #include "smxx_pipe.cuh"
 #include "smxx_w12_decode.cuh"
 
@@ -87,20 +88,6 @@ __device__ __forceinline__ void cp_async_wait_dyn(int n) {
     case 13: cp_async_wait<13>(); break;
     default: cp_async_wait<14>(); break;
   }
-}
-
-// Escapes replace the slot's product 2^(b-127) x by the true weight's, in escape-list order (the
-// same adds as v1 and v2; both products are exact in FP32, inf/NaN weights propagate exactly).
-__device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e1, int m, const SlabParams& p) {
-  const float slot = scale * 0x1p-15f;
-  const uint16_t* xr = p.x + (int64_t)m * p.ldx;
-  for (int e = e0; e < e1; ++e) {
-    const float xv = bf16_bits_to_float(xr[__ldg(p.esc_col + e)]);
-    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-    v = __fadd_rn(v, __fmul_rn(wv, xv));
-    v = __fsub_rn(v, __fmul_rn(slot, xv));
-  }
-  return v;
 }
 
 template <int NCH, int H>
@@ -310,29 +297,6 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
 }
 
 int nch_for(int tokens) { return tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : 8; }
-
-struct DevInfo {
-  int sms = 0, smem_sm = 0, smem_optin = 0, major = 0;
-};
-
-cudaError_t dev_info(DevInfo& d, int& dev) {
-  static DevInfo cache[64];
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev >= 64) return cudaErrorInvalidDevice;
-  if (cache[dev].sms) {
-    d = cache[dev];
-    return cudaSuccess;
-  }
-  if ((e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
-  if ((e = cudaDeviceGetAttribute(&d.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev)) != cudaSuccess)
-    return e;
-  if ((e = cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess)
-    return e;
-  if ((e = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess) return e;
-  cache[dev] = d;
-  return cudaSuccess;
-}
 
 // Ring depth per warp with `cps` CTAs per SM: what the SM's shared memory holds after the
 // range-sum buffer and the 1 KB per CTA the hardware reserves, at most `cap` (0: kMaxStages).

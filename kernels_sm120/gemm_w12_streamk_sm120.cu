@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include "gemm_w12_mma.cuh"
+#include "smxx_gemm_common.cuh"
 #include "smxx_pipe.cuh"
 #include "smxx_w12_decode.cuh"
 
@@ -67,21 +68,6 @@ struct Rows {
 template <typename T>
 __device__ __forceinline__ T pick(const T (&a)[4], int r) {
   return r == 0 ? a[0] : r == 1 ? a[1] : r == 2 ? a[2] : a[3];  // no run-time register indexing
-}
-
-// Row r (= 2*mt + h) value v of token m: escapes replace the slot's product 2^(b-127) x by the true
-// weight's, in escape-list order; both products are exact in FP32, and an inf/NaN weight gives
-// inf/NaN exactly as multiplying by the decoded weight would.
-__device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e1, int m, const SKParams& p) {
-  const float slot = scale * 0x1p-15f;
-  const uint16_t* xr = p.x + (int64_t)m * p.ldx;
-  for (int e = e0; e < e1; ++e) {
-    const float xv = bf16_bits_to_float(xr[__ldg(p.esc_col + e)]);
-    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-    v = __fadd_rn(v, __fmul_rn(wv, xv));
-    v = __fsub_rn(v, __fmul_rn(slot, xv));
-  }
-  return v;
 }
 
 template <int NCH>
@@ -325,28 +311,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_sk_kernel(const SKParams
 
 int nch_for(int tokens) { return tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : 8; }
 
-struct DevInfo {
-  int sms = 0, smem_sm = 0, smem_optin = 0;
-};
-
-cudaError_t dev_info(DevInfo& d) {
-  static DevInfo cache[64];
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < 64 && cache[dev].sms) {
-    d = cache[dev];
-    return cudaSuccess;
-  }
-  if ((e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
-  if ((e = cudaDeviceGetAttribute(&d.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev)) != cudaSuccess)
-    return e;
-  if ((e = cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess)
-    return e;
-  if (dev < 64) cache[dev] = d;
-  return cudaSuccess;
-}
-
 // Ring depth for CTAs-per-SM `cps`: as many stages as the SM's shared memory holds for `cps`
 // co-resident CTAs (1 KB per CTA is reserved by the hardware), at most `cap` (0 = kMaxStages).
 int stages_for(const DevInfo& d, int stage_bytes, int cps, int cap) {
@@ -362,7 +326,8 @@ template <int NCH>
 cudaError_t launch_sk(SKParams p, int cps, int stage_cap, cudaStream_t stream) {
   auto kern = gemm_w12_sk_kernel<NCH>;
   DevInfo d;
-  cudaError_t e = dev_info(d);
+  int dev_idx = 0;
+  cudaError_t e = dev_info(d, dev_idx);
   if (e != cudaSuccess) return e;
   p.stage_bytes = kRec + NCH * 8 * kXRow;
   p.S = stages_for(d, p.stage_bytes, cps, stage_cap);
@@ -411,7 +376,8 @@ cudaError_t gemm_sk_launch(const GemmArgs& a, cudaStream_t stream) {
     return cudaErrorMisalignedAddress;
   if (a.workspace == nullptr || a.counters == nullptr) return cudaErrorInvalidValue;
   DevInfo d;
-  cudaError_t e = dev_info(d);
+  int dev_idx = 0;
+  cudaError_t e = dev_info(d, dev_idx);
   if (e != cudaSuccess) return e;
   const int G = gemm_sk_grid(a.target_ctas);
   const int cps = (G + d.sms - 1) / d.sms;
