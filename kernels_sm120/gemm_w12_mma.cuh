@@ -23,9 +23,8 @@ struct GemmArgs {
   int target_ctas;          // grid size the K-split aims at (a function of the SM count only)
   int stages;               // v1: ring depth 3 or 4 (anything else: 3); v2: cap on the ring depth (0: as deep
                             // as shared memory allows, at most 16)
-  int flags = 0;            // diagnostics for benchmarks and tests: 32 = no programmatic dependent launch
-                            // (v1 and v3), 128 = move its trigger (v1: to the start, v3: after the
-                            // main loop; timing only); v1: 1 = skip decode/MMA, 2 = skip the
+  int flags = 0;            // diagnostics for benchmarks and tests: v3 only: 32 = no programmatic
+                            // dependent launch, 128 = its trigger after the main loop (timing only); v1: 1 = skip decode/MMA, 2 = skip the
                             // reduction (1 and 2 give wrong output), 4 = global-memory reduction even
                             // where clusters exist, 8 = 8-warp CTAs at M <= 16, 16 = cluster
                             // reduction at M <= 8 too (4, 8, 16 change no bit of the result)

@@ -22,7 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "gemm_w12_mma.cuh"
-#include "smxx_pipe.cuh"
+#include "smxx_gemm_common.cuh"
 #include "smxx_w12_decode.cuh"
 
 namespace w12 {
@@ -32,22 +32,13 @@ constexpr int kRecordBytes = 12288;
 constexpr int kMaxTokens = 64;  // per launch; longer M is cut into 64-token chunks
 constexpr int kMaxSplits = 8;
 
-struct KParams {
-  const uint16_t* x;
-  const uint8_t* records;
-  const uint8_t* base;
-  const int32_t* esc_ptr;
-  const int32_t* esc_col;
-  const int16_t* esc_val;
-  const float* bias;
-  uint16_t* y;
+struct KParams : GemmOperands {
   float4* ws;
   int* counters;
   int M, N, KT, S, kper;
   int64_t ldx, ldy;
   int flags;    // diagnostics only (GemmArgs::flags); 0 in normal use
   int cluster;  // 1: the S slices of a row tile form one thread-block cluster (sm_90+)
-  int pdl;      // 1: launched with programmatic stream serialization (sm_90+)
 };
 
 template <int NCH, int MTW>
@@ -136,19 +127,16 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   const uint32_t lo_off = 8192 + rowq * 1024 + mt0 * 512 + lane * 8;
   const int nbase = rowtile * 128 + rowq * 32 + mt0 * 16;  // + 16*mtl
 
-  auto load_w = [&](int slot, int i) {
+  auto load_stage = [&](int slot, int i) {
     const uint8_t* src = rec0 + (size_t)i * kRecordBytes;
     const uint32_t dst = sbase + slot * kStage;
 #pragma unroll
     for (int q = 0; q < 2 * MTW; ++q) cp_async16(dst + hi_off + q * 512, src + hi_off + q * 512);
 #pragma unroll
     for (int q = 0; q < 2 * MTW; ++q) cp_async8(dst + lo_off + q * 256, src + lo_off + q * 256);
-  };
-  auto load_x = [&](int slot, int i) {
     // Activation tile [8*NCH tokens][64 columns], 16-byte chunk c of token r stored at chunk
     // c ^ (r & 7): the fragment reads below (8 lanes = 2 tokens x 4 t) then hit 8 distinct
     // 16-byte bank groups. Tokens >= M are zero-filled.
-    const uint32_t dst = sbase + slot * kStage;
     const int64_t kcol = (int64_t)(kt0 + i) * 64;
 #pragma unroll
     for (int c = tid; c < NCH * 64; c += kT) {
@@ -167,18 +155,9 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.f;
 
-  // Prologue: the first records (constant weights) stream before griddepcontrol.wait, so under
-  // programmatic dependent launch they overlap the previous kernel's tail; activations, the
-  // workspace and the output are touched only after it. The first commit group holds every
-  // prologue record plus stage 0's activations.
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s)
-    if (s < nrec) load_w(s, s);
-  if (p.flags & 128) pdl_launch_dependents();  // diagnostic: early trigger (measured slower)
-  pdl_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nrec) load_x(s, s);
+    if (s < nrec) load_stage(s, s);
     cp_async_commit();
   }
 
@@ -199,10 +178,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     cp_async_wait<STAGES - 2>();
     // Everyone has finished step i-1, so its slot (the one refilled next) is free.
     __syncthreads();
-    if (i + STAGES - 1 < nrec) {
-      load_w((i + STAGES - 1) % STAGES, i + STAGES - 1);
-      load_x((i + STAGES - 1) % STAGES, i + STAGES - 1);
-    }
+    if (i + STAGES - 1 < nrec) load_stage((i + STAGES - 1) % STAGES, i + STAGES - 1);
     cp_async_commit();
 
     if (p.flags & 1) continue;  // diagnostic: stream only
@@ -241,10 +217,6 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     }
   }
   cp_async_wait<0>();
-  // The next kernel may start its prologue (record prefetch) now, overlapping this CTA's
-  // reduction and epilogue. Triggering at the start instead was measured slower: the waiting
-  // CTAs of the next launch then sat on the SMs for the whole main loop.
-  if (!(p.flags & 128)) pdl_launch_dependents();
 
 #if __CUDA_ARCH__ >= 900
   if (p.S > 1 && p.cluster) {
@@ -353,29 +325,23 @@ cudaError_t launch_one(const KParams& p, int grid, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     configured[dev] = 1;
   }
+  if (!p.cluster) {
+    kern<<<grid, threads, smem, stream>>>(p);
+    return cudaGetLastError();
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  int na = 0;
-  if (p.cluster) {
-    attr[na].id = cudaLaunchAttributeClusterDimension;
-    attr[na].val.clusterDim.x = p.S;
-    attr[na].val.clusterDim.y = 1;
-    attr[na].val.clusterDim.z = 1;
-    ++na;
-  }
-  if (p.pdl) {
-    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[na].val.programmaticStreamSerializationAllowed = 1;
-    ++na;
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = p.S;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = na;
-  cudaError_t err2 = cudaLaunchKernelEx(&cfg, kern, p);
-  return err2 != cudaSuccess ? err2 : cudaGetLastError();
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kern, p);
 }
 
 template <int STAGES>
@@ -432,10 +398,17 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
   // Measured (docs/perf-notes.md): the cluster reduction wins from 16 tokens up, the global
   // one at <= 8 tokens. Both sum in the same order, so the choice does not change any bit.
   const bool cluster_ok = s > 1 && major >= 9 && !(a.flags & 4);
-  KParams p{a.x,        a.records, a.base, a.esc_ptr, a.esc_col, a.esc_val, a.bias,    a.y,     static_cast<float4*>(a.workspace),
-            a.counters, 0,         a.N,    kt,        s,         kper,      a.ldx,     a.ldy,   a.flags, 0, 0};
-  // Programmatic dependent launch on sm_90+ unless flag 32 turns it off (timing only).
-  p.pdl = (major >= 9 && !(a.flags & 32)) ? 1 : 0;
+  KParams p{};
+  static_cast<GemmOperands&>(p) = {a.x, a.records, a.base, a.esc_ptr, a.esc_col, a.esc_val, a.bias, a.y};
+  p.ws = static_cast<float4*>(a.workspace);
+  p.counters = a.counters;
+  p.N = a.N;
+  p.KT = kt;
+  p.S = s;
+  p.kper = kper;
+  p.ldx = a.ldx;
+  p.ldy = a.ldy;
+  p.flags = a.flags;
   // M > 64: 64-token chunks, one launch each; the chunks share the workspace (stream order).
   for (int m0 = 0; m0 < a.M; m0 += kMaxTokens) {
     const int tokens = (a.M - m0) < kMaxTokens ? (a.M - m0) : kMaxTokens;

@@ -51,15 +51,7 @@ struct Geo {
   static constexpr int kW = 3072 / H;       // hi + lo bytes of that share
 };
 
-struct SlabParams {
-  const uint16_t* x;
-  const uint8_t* records;
-  const uint8_t* base;
-  const int32_t* esc_ptr;
-  const int32_t* esc_col;
-  const int16_t* esc_val;
-  const float* bias;
-  uint16_t* y;
+struct SlabParams : GemmOperands {
   int M, N, KT, kper, nslab, G, S;
   int xrows;        // activation rows held per stage (M when M < 8, else 8 * NCH; rows >= M are zero)
   int stage_bytes;  // Geo::kW + xrows * kXRow, rounded up to 16

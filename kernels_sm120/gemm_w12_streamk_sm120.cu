@@ -42,15 +42,7 @@ constexpr int kMaxStages = 16;
 constexpr int kXRow = 144;                  // activation row pitch in shared memory: 128 B + 16 B pad
 constexpr int kMaxTokens = 64;
 
-struct SKParams {
-  const uint16_t* x;
-  const uint8_t* records;
-  const uint8_t* base;
-  const int32_t* esc_ptr;
-  const int32_t* esc_col;
-  const int16_t* esc_val;
-  const float* bias;
-  uint16_t* y;
+struct SKParams : GemmOperands {
   float4* ws;   // [G][2*NCH fragments][128 threads]
   int* flags;   // [G], zero on entry and on exit
   int M, N, KT, G, S, stage_bytes;

@@ -10,6 +10,19 @@
 
 namespace w12 {
 
+// The device pointers every W12 GEMM kernel reads (weight tensors, activations, output); each
+// kernel's params struct extends it with its own sizes and scratch.
+struct GemmOperands {
+  const uint16_t* x;       // [M, ldx] BF16 activations
+  const uint8_t* records;  // [NT, KT, 12288] layout-1 records
+  const uint8_t* base;     // [N]
+  const int32_t* esc_ptr;  // [N+1]
+  const int32_t* esc_col;  // [nnz]
+  const int16_t* esc_val;  // [nnz]
+  const float* bias;       // [N] or nullptr
+  uint16_t* y;             // [M, ldy] BF16 out
+};
+
 // Escapes replace the slot's product 2^(b-127) x by the true weight's, in escape-list order (the
 // same adds in every kernel; both products are exact in FP32, inf/NaN weights propagate exactly as
 // multiplying by the decoded weight would). P: any params struct with x, ldx, esc_col, esc_val.

@@ -20,8 +20,8 @@ Settings (environment, read on each call):
   ``W12_GEMM_FALLBACK_M`` (default 64): above this many token rows the op decodes the weight
       and calls cuBLAS instead of running the fused kernel in 64-row passes (the kernel's
       determinism across M holds for M up to this value).
-  ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+): ``auto`` = on for
-      v3 only (measured), ``1`` / ``0`` force it. Timing only: the bits never change.
+  ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch of v3 (sm_90+): ``auto`` and
+      ``1`` = on, ``0`` = off. Timing only: the bits never change. (v1/v2 never use it.)
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); 1 and 2 skip work and give wrong results on purpose.
 """
@@ -205,10 +205,10 @@ def kernel_version(n: int | None = None, k: int | None = None, device="cuda") ->
 
 
 def _pdl(kver: int) -> bool:
-    """Programmatic dependent launch: ``W12_GEMM_PDL`` auto (default) = on for v3, off for v1/v2.
+    """Programmatic dependent launch for v3: ``W12_GEMM_PDL`` auto (default) / 1 = on, 0 = off.
 
-    Measured on the H200 (docs/perf-notes.md): v3 gained from it, v1 lost a little (the
-    waiting CTAs of the next launch hold SM slots), so auto follows the measurements.
+    Measured on the H200 (docs/perf-notes.md): v3 gains from it. v1 lost with it (the waiting CTAs
+    of the next launch hold SM slots) and no longer has the code; v2 never did.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
     if raw not in ("auto", "0", "1"):
