@@ -35,27 +35,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-LLAMA_8B = dict(
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=128256,
-    max_position_embeddings=131072,
-    rope_theta=500000.0,
-    rope_scaling={
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-    bos_token_id=128000,
-    eos_token_id=128001,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _configs, also when imported by tests
+from _configs import HF_CONFIGS  # noqa: E402
+
+LLAMA_8B = {k: v for k, v in HF_CONFIGS["llama-3.1-8b"].items() if k != "family"}
 SMOKE = dict(
     hidden_size=128,
     intermediate_size=256,

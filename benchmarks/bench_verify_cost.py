@@ -33,69 +33,15 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _configs, also when imported by tests
+from _configs import HF_CONFIGS  # noqa: E402
+
 from spec_engine import BestFirstTree, ChainTree, ModelDrafter  # noqa: E402
 from spec_engine.graphs import StaticVerifier  # noqa: E402
 from spec_engine.tree import TreeBatch  # noqa: E402
 from spec_engine.verify import CausalLM, accept, commit  # noqa: E402
 
-CONFIGS = {
-    "qwen2.5-coder-1.5b": dict(
-        family="qwen2",
-        vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
-    "qwen2.5-coder-0.5b": dict(
-        family="qwen2",
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
-    "llama-3.1-8b": dict(
-        family="llama",
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        rope_theta=500000.0,
-        tie_word_embeddings=False,
-    ),
-    # --smoke: the same code paths on the CPU in seconds
-    "tiny-qwen2": dict(
-        family="qwen2",
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-    ),
-    "tiny-llama": dict(
-        family="llama",
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-    ),
-}
+CONFIGS = HF_CONFIGS  # real configs (random weights) and tiny ones for --smoke
 
 
 def build_model(name: str, dtype, device):
@@ -104,7 +50,8 @@ def build_model(name: str, dtype, device):
     spec = dict(CONFIGS[name])
     family = spec.pop("family")
     cfg_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[family]
-    cfg = cfg_cls(max_position_embeddings=32768, **spec)
+    spec["max_position_embeddings"] = 32768
+    cfg = cfg_cls(**spec)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
