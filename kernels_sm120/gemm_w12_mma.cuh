@@ -7,15 +7,20 @@
 
 namespace w12 {
 
-struct GemmArgs {
-  const uint16_t* x;        // [M, ldx] BF16 activations; ldx >= KT*64 and columns K..KT*64 are zero
-  const uint8_t* records;   // [NT, KT, 12288] layout-1 records
-  const uint8_t* base;      // [N]
-  const int32_t* esc_ptr;   // [N+1]
-  const int32_t* esc_col;   // [nnz]
-  const int16_t* esc_val;   // [nnz]
-  const float* bias;        // [N] or nullptr
-  uint16_t* y;              // [M, ldy] BF16 out
+// The device pointers every W12 GEMM kernel reads (weight tensors, activations, output); each
+// kernel's params struct extends it with its own sizes and scratch.
+struct GemmOperands {
+  const uint16_t* x;       // [M, ldx] BF16 activations; ldx >= KT*64, columns K..KT*64 zero
+  const uint8_t* records;  // [NT, KT, 12288] layout-1 records
+  const uint8_t* base;     // [N]
+  const int32_t* esc_ptr;  // [N+1]
+  const int32_t* esc_col;  // [nnz]
+  const int16_t* esc_val;  // [nnz]
+  const float* bias;       // [N] or nullptr
+  uint16_t* y;             // [M, ldy] BF16 out
+};
+
+struct GemmArgs : GemmOperands {
   int M, N, K;
   int64_t ldx, ldy;
   void* workspace;          // FP32 partial sums, gemm_workspace_bytes()

@@ -399,7 +399,7 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
   // one at <= 8 tokens. Both sum in the same order, so the choice does not change any bit.
   const bool cluster_ok = s > 1 && major >= 9 && !(a.flags & 4);
   KParams p{};
-  static_cast<GemmOperands&>(p) = {a.x, a.records, a.base, a.esc_ptr, a.esc_col, a.esc_val, a.bias, a.y};
+  static_cast<GemmOperands&>(p) = a;
   p.ws = static_cast<float4*>(a.workspace);
   p.counters = a.counters;
   p.N = a.N;

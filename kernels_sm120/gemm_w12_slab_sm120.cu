@@ -86,7 +86,6 @@ template <int NCH, int H>
 __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(const SlabParams p) {
   using G_ = Geo<H>;
   constexpr int MT = G_::MT;
-  constexpr int JG = NCH < 4 ? NCH : 4;  // token chunks whose B fragments are held at once
   extern __shared__ __align__(128) uint8_t smem[];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -201,31 +200,7 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
         const uint2 lv = *reinterpret_cast<const uint2*>(st + G_::kHi + q * 256 + lane * 8);
         decode16(hv, lv, a + 8 * q);
       }
-#pragma unroll
-      for (int j0 = 0; j0 < NCH; j0 += JG) {
-        uint32_t bw[JG][8];
-#pragma unroll
-        for (int jj = 0; jj < JG; ++jj) {
-          uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
-          if (NCH > 1 || g < p.xrows) {  // NCH = 1, M < 8: rows past M are not in the stage
-            const uint8_t* xr = st + G_::kW + (8 * (j0 + jj) + g) * kXRow + 32 * t;
-            b0 = *reinterpret_cast<const uint4*>(xr);
-            b1 = *reinterpret_cast<const uint4*>(xr + 16);
-          }
-          bw[jj][0] = b0.x, bw[jj][1] = b0.y, bw[jj][2] = b0.z, bw[jj][3] = b0.w;
-          bw[jj][4] = b1.x, bw[jj][5] = b1.y, bw[jj][6] = b1.z, bw[jj][7] = b1.w;
-        }
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-          for (int jj = 0; jj < JG; ++jj)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              const uint32_t af[4] = {a[16 * mt + 4 * ks], a[16 * mt + 4 * ks + 1], a[16 * mt + 4 * ks + 2],
-                                      a[16 * mt + 4 * ks + 3]};
-              mma_bf16_16816(acc[mt][j0 + jj], af, bw[jj][2 * ks], bw[jj][2 * ks + 1]);
-            }
-      }
+      mma_record<NCH, MT, kXRow>(acc, a, st + G_::kW, g, t, g < p.xrows);  // rows past M: zero (NCH = 1)
     }
 
     if ((p.diag & 128) && it == nmine - 1) pdl_launch_dependents();
@@ -359,12 +334,7 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream) {
   const int cps = a.target_ctas > d.sms ? 2 : 1;
   const bool pdl = !(a.flags & 32);
   SlabParams p{};
-  p.records = a.records;
-  p.base = a.base;
-  p.esc_ptr = a.esc_ptr;
-  p.esc_col = a.esc_col;
-  p.esc_val = a.esc_val;
-  p.bias = a.bias;
+  static_cast<GemmOperands&>(p) = a;  // x and y are re-pointed per 64-token pass below
   p.N = a.N;
   p.KT = kt;
   p.kper = (kt + kSplit - 1) / kSplit;

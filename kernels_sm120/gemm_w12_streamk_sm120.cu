@@ -65,7 +65,6 @@ __device__ __forceinline__ T pick(const T (&a)[4], int r) {
 template <int NCH>
 __global__ void __launch_bounds__(kThreads, 2) gemm_w12_sk_kernel(const SKParams p) {
   constexpr int kFrag = 2 * NCH;
-  constexpr int JG = NCH < 4 ? NCH : 4;  // token chunks whose B fragments are held at once
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t s_full[kMaxStages], s_empty[kMaxStages];
 
@@ -184,31 +183,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_sk_kernel(const SKParams
           const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
           decode16(h, l, a + 8 * q);
         }
-#pragma unroll
-        for (int j0 = 0; j0 < NCH; j0 += JG) {
-          // B fragments of JG token chunks, once per record and shared by both m-tiles. Row
-          // pitch 144 B: the 8 lanes of a 16-byte load phase (2 tokens x 4 t) hit 8 distinct
-          // 16-byte bank groups.
-          uint32_t bw[JG][8];
-#pragma unroll
-          for (int jj = 0; jj < JG; ++jj) {
-            const uint8_t* xr = st + kRec + (8 * (j0 + jj) + g) * kXRow + 32 * t;
-            const uint4 b0 = *reinterpret_cast<const uint4*>(xr);
-            const uint4 b1 = *reinterpret_cast<const uint4*>(xr + 16);
-            bw[jj][0] = b0.x, bw[jj][1] = b0.y, bw[jj][2] = b0.z, bw[jj][3] = b0.w;
-            bw[jj][4] = b1.x, bw[jj][5] = b1.y, bw[jj][6] = b1.z, bw[jj][7] = b1.w;
-          }
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int jj = 0; jj < JG; ++jj)
-#pragma unroll
-              for (int mt = 0; mt < 2; ++mt) {
-                const uint32_t af[4] = {a[16 * mt + 4 * ks], a[16 * mt + 4 * ks + 1], a[16 * mt + 4 * ks + 2],
-                                        a[16 * mt + 4 * ks + 3]};
-                mma_bf16_16816(acc[mt][j0 + jj], af, bw[jj][2 * ks], bw[jj][2 * ks + 1]);
-              }
-        }
+        mma_record<NCH, 2, kXRow>(acc, a, st + kRec, g, t, true);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty0 + 8 * stage);  // this warp is done reading the stage
@@ -374,12 +349,7 @@ cudaError_t gemm_sk_launch(const GemmArgs& a, cudaStream_t stream) {
   const int G = gemm_sk_grid(a.target_ctas);
   const int cps = (G + d.sms - 1) / d.sms;
   SKParams p{};
-  p.records = a.records;
-  p.base = a.base;
-  p.esc_ptr = a.esc_ptr;
-  p.esc_col = a.esc_col;
-  p.esc_val = a.esc_val;
-  p.bias = a.bias;
+  static_cast<GemmOperands&>(p) = a;  // x and y are re-pointed per 64-token pass below
   p.ws = static_cast<float4*>(a.workspace);
   p.flags = a.counters;
   p.N = a.N;

@@ -6,22 +6,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "gemm_w12_mma.cuh"
 #include "smxx_w12_decode.cuh"
 
 namespace w12 {
-
-// The device pointers every W12 GEMM kernel reads (weight tensors, activations, output); each
-// kernel's params struct extends it with its own sizes and scratch.
-struct GemmOperands {
-  const uint16_t* x;       // [M, ldx] BF16 activations
-  const uint8_t* records;  // [NT, KT, 12288] layout-1 records
-  const uint8_t* base;     // [N]
-  const int32_t* esc_ptr;  // [N+1]
-  const int32_t* esc_col;  // [nnz]
-  const int16_t* esc_val;  // [nnz]
-  const float* bias;       // [N] or nullptr
-  uint16_t* y;             // [M, ldy] BF16 out
-};
 
 // Escapes replace the slot's product 2^(b-127) x by the true weight's, in escape-list order (the
 // same adds in every kernel; both products are exact in FP32, inf/NaN weights propagate exactly as
@@ -37,6 +25,42 @@ __device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e
     v = __fsub_rn(v, __fmul_rn(slot, xv));
   }
   return v;
+}
+
+// The MMAs of one decoded record share: a[16*MT] A fragments (MT m-tiles of 16 rows, layout 1)
+// times the activation tile at `xt` (token rows of kXRowPitch bytes, 64 BF16 columns each) into
+// acc[MT][NCH][4]. Tokens are the MMA's n in chunks of 8; `xrows_ok` false zeroes this lane's
+// token row (rows past M that the stage does not hold, NCH = 1 only). k-step outer, so consecutive
+// MMAs go to MT*JG different accumulators and one accumulator's latency chain is covered.
+template <int NCH, int MT, int kXRowPitch>
+__device__ __forceinline__ void mma_record(float (&acc)[MT][NCH][4], const uint32_t* a, const uint8_t* xt, int g, int t,
+                                           bool xrows_ok) {
+  constexpr int JG = NCH < 4 ? NCH : 4;  // token chunks whose B fragments are held at once
+#pragma unroll
+  for (int j0 = 0; j0 < NCH; j0 += JG) {
+    uint32_t bw[JG][8];
+#pragma unroll
+    for (int jj = 0; jj < JG; ++jj) {
+      uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
+      if (NCH > 1 || xrows_ok) {
+        const uint8_t* xr = xt + (8 * (j0 + jj) + g) * kXRowPitch + 32 * t;
+        b0 = *reinterpret_cast<const uint4*>(xr);
+        b1 = *reinterpret_cast<const uint4*>(xr + 16);
+      }
+      bw[jj][0] = b0.x, bw[jj][1] = b0.y, bw[jj][2] = b0.z, bw[jj][3] = b0.w;
+      bw[jj][4] = b1.x, bw[jj][5] = b1.y, bw[jj][6] = b1.z, bw[jj][7] = b1.w;
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int jj = 0; jj < JG; ++jj)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint32_t af[4] = {a[16 * mt + 4 * ks], a[16 * mt + 4 * ks + 1], a[16 * mt + 4 * ks + 2],
+                                  a[16 * mt + 4 * ks + 3]};
+          mma_bf16_16816(acc[mt][j0 + jj], af, bw[jj][2 * ks], bw[jj][2 * ks + 1]);
+        }
+  }
 }
 
 struct DevInfo {
