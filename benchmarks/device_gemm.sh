@@ -24,17 +24,18 @@ for f in funcs[1:]:
     name = f.split("\n", 1)[0]
     if "gemm_w12" not in name:
         continue
-    c = {k: len(re.findall(k, f)) for k in ("HMMA", "LDGSTS", "LDS.128", "LDS.64", "LDL", "STL", "BAR.SYNC", "PRMT", "LOP3")}
+    c = {k: len(re.findall(k, f)) for k in ("HMMA", "HGMMA", "LDGSTS", "LDS.128", "LDS.64", "LDL", "STL", "BAR.SYNC", "PRMT", "LOP3")}
     print(name[-60:], c)
 PY
 fi
 # Every step under a time limit: a kernel that deadlocks must not eat the device budget.
-# Smoke first (v3, v2 and v1 against decode + F.linear on a few shapes), so a broken build stops early.
+# Smoke first (v4 on sm_90, v3, v2 and v1 against decode + F.linear on a few shapes), so a broken build stops early.
 timeout 60 python3 - <<'PY' 2>&1 | tee "$OUT/smoke.txt" || exit 1
 import os, torch, w12
 from w12 import cuda_ops
 g = torch.Generator().manual_seed(0)
-for kern in ("v3", "v2", "v1"):
+kernels = ["v4"] if torch.cuda.get_device_capability(0) == (9, 0) else []
+for kern in kernels + ["v3", "v2", "v1"]:
     os.environ["W12_GEMM_KERNEL"] = kern
     for n, k, m in [(128, 64, 1), (4096, 4096, 1), (256, 14336, 16), (1000, 192, 64), (384, 1000, 33)]:
         wt = torch.randn(n, k, generator=g).to(torch.bfloat16)

@@ -26,9 +26,10 @@ int w12_gemm_splits(int n, int k, int target_ctas) { return w12::gemm_splits(n, 
 
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).
 // kernel: 1 = v1 (fixed K-split, gemm_w12_mma_sm120.cu), 2 = v2 (stream-K, gemm_w12_streamk_sm120.cu),
-// 3 = v3 (row slabs, gemm_w12_slab_sm120.cu: needs neither workspace nor counters).
+// 3 = v3 (row slabs, gemm_w12_slab_sm120.cu), 4 = v4 (wgmma, kernels_sm90/gemm_w12_wgmma_sm90.cu):
+// neither needs workspace or counters.
 int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int kernel) {
-  if (kernel == 3) return 0;
+  if (kernel == 3 || kernel == 4) return 0;
   if (kernel == 2) return static_cast<int64_t>(w12::gemm_sk_workspace_bytes(m, target_ctas));
   return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas));
 }
@@ -36,7 +37,7 @@ int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int kerne
 // Ints of zeroed counter/flag memory a call needs (zero on entry, left zero on exit).
 int w12_gemm_counters(int n, int k, int target_ctas, int kernel) {
   (void)k;
-  if (kernel == 3) return 0;
+  if (kernel == 3 || kernel == 4) return 0;
   return kernel == 2 ? target_ctas : (n + 127) / 128;
 }
 
@@ -66,6 +67,7 @@ int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, 
   a.target_ctas = target_ctas;
   a.stages = stages;
   a.flags = flags;  // 0 except in diagnostic benchmark runs (wrong results by design)
+  if (kernel == 4) return static_cast<int>(w12::gemm_wgmma_launch(a, static_cast<cudaStream_t>(stream)));
   if (kernel == 3) return static_cast<int>(w12::gemm_slab_launch(a, static_cast<cudaStream_t>(stream)));
   if (kernel == 2) return static_cast<int>(w12::gemm_sk_launch(a, static_cast<cudaStream_t>(stream)));
   return static_cast<int>(w12::gemm_launch(a, static_cast<cudaStream_t>(stream)));

@@ -21,6 +21,17 @@ MS = [1, 2, 3, 7, 8, 16, 31, 64, 128, 300]
 NKS = [(128, 64), (256, 128), (130, 70), (1, 1), (127, 65), (512, 4096), (384, 1000), (1000, 192), (256, 14336)]
 
 
+def _all_kernels():
+    # v4 is the Hopper wgmma kernel: sm_90 only.
+    ks = ["v1", "v2", "v3"]
+    if torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0):
+        ks.append("v4")
+    return ks
+
+
+KERNELS = _all_kernels()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _kernels_present():
     if not cuda_ops.available():
@@ -66,7 +77,7 @@ def _poison_next_alloc(numel):
     torch.full((numel,), float("nan"), dtype=torch.bfloat16, device=DEV)
 
 
-@pytest.mark.parametrize("kernel", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("n,k", NKS)
 @pytest.mark.parametrize("m", MS)
 def test_gemm_matches_fp64(m, n, k, kernel, monkeypatch):
@@ -124,7 +135,7 @@ def test_inf_nan_and_subnormal_weights():
     torch.testing.assert_close(y[fin], ref[fin], rtol=2**-7, atol=1e-6)
 
 
-@pytest.mark.parametrize("kernel", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("n,k", [(512, 4096), (4096, 4096), (384, 1000), (256, 14336)])
 def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     # The fused kernel's promise (the decode + cuBLAS prefill fallback makes none): keep it on for
@@ -266,7 +277,7 @@ def test_v2_grid_sizes_correct(cps, m, monkeypatch):
     _assert_close(y, _ref(x, wt.to(DEV)), x, wt.to(DEV))
 
 
-@pytest.mark.parametrize("kernel", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_graph_replays_with_new_inputs(kernel, monkeypatch):
     # Replays must leave the cross-CTA flags reset: new inputs copied into the captured buffer give
     # the same bits as eager calls, replay after replay, and eager calls after replays still work.
@@ -304,7 +315,7 @@ def test_every_kernel_correct_with_bias_and_escapes(monkeypatch):
     x = torch.randn(9, 2100, generator=gen).to(torch.bfloat16).to(DEV)
     b = torch.randn(1000, generator=gen).to(torch.bfloat16).to(DEV)
     ref = _ref(x, wt.to(DEV), b)
-    for kernel in ("v1", "v2", "v3"):
+    for kernel in KERNELS:
         monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
         y = w12.linear(x, w, b).double()
         assert torch.equal(torch.isnan(y), torch.isnan(ref)), kernel
@@ -361,7 +372,7 @@ def test_v3_variants_change_no_bit(n, k, m, monkeypatch):
     assert torch.equal(w12.linear(x, w).view(torch.int16), a), "one CTA per SM changed the result"
 
 
-@pytest.mark.parametrize("kernel", ["v1", "v3"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_back_to_back_in_a_graph(kernel, monkeypatch):
     # A chain where each GEMM consumes the previous output, in a graph and eagerly. Under v3's
     # programmatic dependent launch each launch may start before the previous one ends and

@@ -9,7 +9,8 @@ defines Python functions only: no library load, no CUDA initialisation.
 Settings (environment, read on each call):
   ``W12_GEMM_KERNEL`` (default ``auto``): ``v1`` = fixed K-split, per-thread cp.async ring;
       ``v2`` = warp-specialised persistent stream-K kernel; ``v3`` = row slabs with the K-split
-      inside the CTA (no cross-CTA reduction); ``auto`` = per weight shape by ``choose_kernel``
+      inside the CTA (no cross-CTA reduction); ``v4`` = Hopper wgmma (sm_90 only; not yet
+      measured, opt-in); ``auto`` = per weight shape by ``choose_kernel``
       (N, K and SM count only). Every kernel is deterministic and M-independent, but they sum in
       different orders: their bits differ, so the choice never depends on M.
   ``W12_GEMM_CTAS_PER_SM`` (default 2): v2: persistent CTAs per SM (grid = SMs x this); v1: the
@@ -170,7 +171,7 @@ def target_ctas(device) -> int:
     return _check_device(torch.device(device)) * _env_int("W12_GEMM_CTAS_PER_SM", 2)
 
 
-_KERNELS = {"v1": 1, "v2": 2, "v3": 3, "auto": 0}
+_KERNELS = {"v1": 1, "v2": 2, "v3": 3, "v4": 4, "auto": 0}
 
 
 def choose_kernel(n: int, k: int, sms: int, ctas_per_sm: int, v1_splits: int) -> int:
@@ -191,10 +192,19 @@ def choose_kernel(n: int, k: int, sms: int, ctas_per_sm: int, v1_splits: int) ->
 
 
 def kernel_version(n: int | None = None, k: int | None = None, device="cuda") -> int:
-    """1, 2 or 3: the GEMM kernel ``W12_GEMM_KERNEL`` selects (default ``auto``, which needs n, k)."""
+    """1-4: the GEMM kernel ``W12_GEMM_KERNEL`` selects (default ``auto``, which needs n, k)."""
     raw = os.environ.get("W12_GEMM_KERNEL", "auto")
     if raw not in _KERNELS:
         raise ValueError(f"W12_GEMM_KERNEL={raw!r} must be one of {sorted(_KERNELS)}")
+    if raw == "v4":
+        dev = torch.device(device)
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        cc = torch.cuda.get_device_capability(idx)
+        if cc != (9, 0):
+            raise RuntimeError(
+                f"W12_GEMM_KERNEL=v4 is the Hopper wgmma kernel (sm_90a); cuda:{idx} is sm_{cc[0]}{cc[1]}: "
+                "use v1, v2, v3 or auto"
+            )
     if _KERNELS[raw] == 0:
         if n is None or k is None:
             raise ValueError("W12_GEMM_KERNEL=auto chooses per weight shape: pass n and k")

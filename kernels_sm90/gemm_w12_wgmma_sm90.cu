@@ -1,0 +1,348 @@
+// W12 GEMM v4 for Hopper (sm_90a): the decoded record is the register A operand of wgmma.
+// y[M, N] = x[M, K] W[N, K]^T as y^T = W x^T, weights the MMA's M side (64 rows per wgmma), tokens
+// its N (8, 16, 32 or 64 per launch), activations the shared-memory B operand.
+//
+// Why (docs/perf-notes.md): on the mma.sync kernels the M = 1 decode is instruction-latency bound
+// and from M = 16 up the HMMA count per record (16-64 per warp) dominates. One warpgroup here
+// issues 8 wgmma per 128x64 record whatever the token count, and they run asynchronously with the
+// copies of the following records.
+//
+// STATUS: compiled and SASS-checked (HGMMA 64xNx16, no spills), not yet run on a GPU; opt-in
+// (W12_GEMM_KERNEL=v4) until the GPU tests and bench_gemm have measured it.
+//
+// - Records stay in layout 1 (smxx_w12_decode.cuh), the same bytes as v1-v3: warp w's decoded
+//   m-tile mt (rows 32w + 16mt + 0..15) is its 16-row slice of the wgmma for mt, so the two wgmma
+//   of a k-step cover rows {32w + 0..15} and {32w + 16..31}. Layout 1 permutes each k-step's 16
+//   columns (MMA-k index kappa <-> column 16*((kappa&7)>>1) + 4ks + 2*(kappa>>3) + (kappa&1)); the
+//   activation tile is stored with the same permutation, by 4-byte cp.async, as K-major core
+//   matrices without swizzle: column pair w (0..31) of token r goes to chunk 2ks + b, byte 4a, with
+//   w = 8a + 2ks + b; chunk c of the tile is [T tokens][16 B] (LBO = T*16 between the two K chunks
+//   of a k-step, SBO = 128 B between 8-token groups).
+// - K-split and reduction like v1's cluster path: gemm_splits() slices (a function of N, K and the
+//   SM count, never of M); the S slices of a row tile form a thread-block cluster and add their
+//   partials in rank order through distributed shared memory, so the bits are the same for every M.
+// - Each thread streams its own fragment bytes of every record (v1's per-thread cp.async ring,
+//   STAGES deep); fence.proxy.async makes the activation tile visible to wgmma.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "gemm_w12_mma.cuh"
+#include "smxx_gemm_common.cuh"
+#include "smxx_w12_decode.cuh"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define W12_WGMMA 1
+#else
+#define W12_WGMMA 0
+#endif
+
+namespace w12 {
+namespace {
+
+constexpr int kRec = 12288;
+constexpr int kMaxTokens = 64;
+constexpr int kThreads = 128;  // one warpgroup
+
+struct WParams : GemmOperands {
+  int M, N, KT, S, kper;
+  int64_t ldx, ldy;
+};
+
+#if W12_WGMMA
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Generic-proxy writes (cp.async) to shared memory -> visible to the async proxy (wgmma reads).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Accumulators written by in-flight wgmma: re-defined here, after wgmma.wait_group, so that no
+// read of them is scheduled before the wait.
+__device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+
+// Shared-memory matrix descriptor, no swizzle: start, leading (K) and stride (N) byte offsets.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((saddr >> 4) & 0x3FFFu) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
+         ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32);
+}
+
+// 4-byte copy that writes zeros when !valid (tokens >= M of the activation tile).
+__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(n));
+}
+
+#endif
+
+// D[64 x N] += A[64 x 16] (registers, bf16) * B[16 x N] (shared memory, K-major, bf16), FP32.
+template <int N>
+struct Wgmma;
+#if W12_WGMMA
+template <>
+struct Wgmma<8> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t* a, uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+        : "memory");
+  }
+};
+
+template <>
+struct Wgmma<16> {
+  static __device__ __forceinline__ void run(float (&d)[8], const uint32_t* a, uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+        : "memory");
+  }
+};
+
+template <>
+struct Wgmma<32> {
+  static __device__ __forceinline__ void run(float (&d)[16], const uint32_t* a, uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+        : "memory");
+  }
+};
+
+template <>
+struct Wgmma<64> {
+  static __device__ __forceinline__ void run(float (&d)[32], const uint32_t* a, uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+        : "memory");
+  }
+};
+#endif
+
+template <int NCH, int STAGES>
+__global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WParams p) {
+#if W12_WGMMA
+  constexpr int T = 8 * NCH;            // token rows of the B tile
+  constexpr int kX = T * 128;           // B tile bytes (8 chunks of T x 16 B)
+  constexpr int kStage = kRec + kX;
+  constexpr int ND = T / 2;             // accumulator floats per m-tile per thread
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int rowtile = blockIdx.x / p.S, split = blockIdx.x % p.S;
+  const int kt0 = split * p.kper;
+  const int nrec = min(p.KT - kt0, p.kper);
+  const uint8_t* rec0 = p.records + ((size_t)rowtile * p.KT + kt0) * kRec;
+  const uint32_t sbase = smem_u32(smem);
+  const uint32_t hi_off = warp * 2048 + lane * 16, lo_off = 8192 + warp * 1024 + lane * 8;
+
+  auto load_stage = [&](int slot, int i) {
+    const uint8_t* src = rec0 + (size_t)i * kRec;
+    const uint32_t dst = sbase + slot * kStage;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) cp_async16(dst + hi_off + q * 512, src + hi_off + q * 512);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) cp_async8(dst + lo_off + q * 256, src + lo_off + q * 256);
+    const int64_t kcol = (int64_t)(kt0 + i) * 64;
+#pragma unroll
+    for (int v = tid; v < T * 32; v += kThreads) {
+      const int r = v >> 5, w = v & 31;  // token, column pair
+      const int a = w >> 3, ks = (w >> 1) & 3, b = w & 1;
+      const bool valid = r < p.M;
+      const uint16_t* xs = p.x + (valid ? (int64_t)r * p.ldx : 0) + kcol + 2 * w;
+      cp_async4_zfill(dst + kRec + (2 * ks + b) * (T * 16) + r * 16 + 4 * a, xs, valid);
+    }
+  };
+
+  float acc[2][ND];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int i = 0; i < ND; ++i) acc[mt][i] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nrec) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  // Per record: retire the previous record's wgmma (its stage and the A registers become free),
+  // decode this record into registers, refill the freed stage, issue this record's 8 wgmma and
+  // let them run while the next record's copies land. (Decoding record i+1 while record i's
+  // wgmma run, with two A buffers, was the plan; ptxas then serialises every wgmma, warning
+  // C7513, because it treats any definition of a wgmma source register inside an open wgmma
+  // pipeline stage as a hazard. Measure both before choosing: docs/perf-notes.md.)
+  uint32_t a[32];
+  for (int i = 0; i < nrec; ++i) {
+    cp_async_wait<STAGES - 2>();
+    fence_proxy_async_smem();
+    wgmma_wait0();
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int k = 0; k < ND; ++k) pin(acc[mt][k]);
+    const uint8_t* st = smem + (i % STAGES) * kStage;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
+      const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
+      decode16(h, l, a + 8 * q);
+    }
+    __syncthreads();  // every thread's copies of stage i landed; every read of stage i-1 done
+    if (i + STAGES - 1 < nrec) load_stage((i + STAGES - 1) % STAGES, i + STAGES - 1);
+    cp_async_commit();
+    wgmma_fence();
+    const uint32_t xb = sbase + (i % STAGES) * kStage + kRec;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint64_t desc = smem_desc(xb + 2 * ks * (T * 16), T * 16, 128);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) Wgmma<T>::run(acc[mt], a + 16 * mt + 4 * ks, desc);
+    }
+    wgmma_commit();
+  }
+  wgmma_wait0();
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int k = 0; k < ND; ++k) pin(acc[mt][k]);
+  cp_async_wait<0>();
+
+  // Epilogue of fragment (mt, j): rows nbase + 16mt + g (+8), tokens 8j + 2t (+1).
+  const int nbase = rowtile * 128 + warp * 32;
+  auto store = [&](const float (&v)[4], int mt, int j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = nbase + 16 * mt + g + 8 * (i >> 1);
+      const int m = 8 * j + 2 * t + (i & 1);
+      if (n < p.N && m < p.M) {
+        const uint32_t b = __ldg(p.base + n);
+        const float sc = row_scale(b);
+        float y = v[i] * sc;
+        const int e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
+        if (e0 < e1) y = fix_escapes(y, sc, e0, e1, m, p);
+        if (p.bias) y = __fadd_rn(y, __ldg(p.bias + n));
+        p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+      }
+    }
+  };
+  if (p.S == 1) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < NCH; ++j) {
+        const float v[4] = {acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]};
+        store(v, mt, j);
+      }
+    return;
+  }
+  // Cluster reduction: each slice parks its partial in its own shared memory; rank `split` sums
+  // fragments f = split, split + S, ... over ranks 0..S-1 in rank order.
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  __syncthreads();
+  float4* part = reinterpret_cast<float4*>(smem);
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < NCH; ++j)
+      part[(mt * NCH + j) * kThreads + tid] =
+          make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
+  cluster.sync();
+  for (int f = split; f < 2 * NCH; f += p.S) {
+    float sum[4];
+    for (int sl = 0; sl < p.S; ++sl) {
+      const float4 v = *cluster.map_shared_rank(part + f * kThreads + tid, sl);
+      const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sum[i] = sl == 0 ? vv[i] : __fadd_rn(sum[i], vv[i]);
+    }
+    store(sum, f / NCH, f % NCH);
+  }
+  cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
+#endif
+}
+
+template <int NCH, int STAGES>
+cudaError_t launch_w(const WParams& p, int grid, cudaStream_t stream) {
+  constexpr int smem = STAGES * (kRec + NCH * 8 * 128);
+  auto kern = gemm_w12_wgmma_kernel<NCH, STAGES>;
+  static int configured[64] = {0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 64 && !configured[dev]) {
+    if ((e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
+    configured[dev] = 1;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (p.S > 1) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = p.S;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  if ((e = cudaLaunchKernelEx(&cfg, kern, p)) != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
+  if (a.M < 0 || a.N <= 0 || a.K <= 0) return cudaErrorInvalidValue;
+  if (a.M == 0) return cudaSuccess;
+  const int nt = (a.N + 127) / 128, kt = (a.K + 63) / 64;
+  if (a.ldx < (int64_t)kt * 64 || (a.ldx & 7) || a.ldy < a.N) return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(a.x) & 15) || (reinterpret_cast<uintptr_t>(a.records) & 15))
+    return cudaErrorMisalignedAddress;
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) return e;
+  if (major != 9 || minor != 0) return cudaErrorNoKernelImageForDevice;  // wgmma is sm_90a only
+  WParams p{};
+  static_cast<GemmOperands&>(p) = a;
+  p.N = a.N;
+  p.KT = kt;
+  p.S = gemm_splits(a.N, a.K, a.target_ctas);  // v1's rule: a function of N, K and the SM count
+  p.kper = (kt + p.S - 1) / p.S;
+  p.ldx = a.ldx;
+  p.ldy = a.ldy;
+  for (int m0 = 0; m0 < a.M; m0 += kMaxTokens) {
+    const int tokens = (a.M - m0) < kMaxTokens ? (a.M - m0) : kMaxTokens;
+    p.x = a.x + (int64_t)m0 * a.ldx;
+    p.y = a.y + (int64_t)m0 * a.ldy;
+    p.M = tokens;
+    const int grid = nt * p.S;
+    if (tokens <= 8) e = launch_w<1, 4>(p, grid, stream);
+    else if (tokens <= 16) e = launch_w<2, 4>(p, grid, stream);
+    else if (tokens <= 32) e = launch_w<4, 3>(p, grid, stream);
+    else e = launch_w<8, 3>(p, grid, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace w12
