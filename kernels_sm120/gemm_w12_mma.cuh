@@ -35,7 +35,8 @@ struct GemmArgs : GemmOperands {
                             // reduction at M <= 8 too (4, 8, 16 change no bit of the result)
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
                             // v3 (gemm_slab_launch): bit 1 (stream only), 32 = no programmatic
-                            // dependent launch
+                            // dependent launch; v4 (gemm_wgmma_launch): 64 = decode overlapping the
+                            // previous record's wgmma (same bits)
 };
 
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so

@@ -133,7 +133,7 @@ struct Wgmma<64> {
 };
 #endif
 
-template <int NCH, int STAGES>
+template <int NCH, int STAGES, bool OVERLAP>
 __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WParams p) {
 #if W12_WGMMA
   constexpr int T = 8 * NCH;            // token rows of the B tile
@@ -182,26 +182,30 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
 
   // Per record: retire the previous record's wgmma (its stage and the A registers become free),
   // decode this record into registers, refill the freed stage, issue this record's 8 wgmma and
-  // let them run while the next record's copies land. (Decoding record i+1 while record i's
-  // wgmma run, with two A buffers, was the plan; ptxas then serialises every wgmma, warning
-  // C7513, because it treats any definition of a wgmma source register inside an open wgmma
-  // pipeline stage as a hazard. Measure both before choosing: docs/perf-notes.md.)
-  uint32_t a[32];
-  for (int i = 0; i < nrec; ++i) {
+  // let them run while the next record's copies land. OVERLAP instead decodes record i into one
+  // of two A buffers *before* retiring record i-1's wgmma, so decode and tensor cores overlap;
+  // ptxas then serialises every wgmma (warning C7513: it treats any definition of a wgmma source
+  // register inside an open wgmma pipeline stage as a hazard), so which form wins is measured
+  // (W12_GEMM_DIAG bit 64 selects OVERLAP; identical bits either way).
+  auto step = [&](int i, uint32_t(&buf)[32]) {
     cp_async_wait<STAGES - 2>();
     fence_proxy_async_smem();
+    const uint8_t* st = smem + (i % STAGES) * kStage;
+    auto decode = [&]() {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
+        const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
+        decode16(h, l, buf + 8 * q);
+      }
+    };
+    if constexpr (OVERLAP) decode();
     wgmma_wait0();
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int k = 0; k < ND; ++k) pin(acc[mt][k]);
-    const uint8_t* st = smem + (i % STAGES) * kStage;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
-      const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
-      decode16(h, l, a + 8 * q);
-    }
+    if constexpr (!OVERLAP) decode();
     __syncthreads();  // every thread's copies of stage i landed; every read of stage i-1 done
     if (i + STAGES - 1 < nrec) load_stage((i + STAGES - 1) % STAGES, i + STAGES - 1);
     cp_async_commit();
@@ -211,9 +215,19 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     for (int ks = 0; ks < 4; ++ks) {
       const uint64_t desc = smem_desc(xb + 2 * ks * (T * 16), T * 16, 128);
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) Wgmma<T>::run(acc[mt], a + 16 * mt + 4 * ks, desc);
+      for (int mt = 0; mt < 2; ++mt) Wgmma<T>::run(acc[mt], buf + 16 * mt + 4 * ks, desc);
     }
     wgmma_commit();
+  };
+  if constexpr (OVERLAP) {
+    uint32_t a0[32], a1[32];
+    for (int i = 0; i < nrec; i += 2) {
+      step(i, a0);
+      if (i + 1 < nrec) step(i + 1, a1);
+    }
+  } else {
+    uint32_t a[32];
+    for (int i = 0; i < nrec; ++i) step(i, a);
   }
   wgmma_wait0();
 #pragma unroll
@@ -277,10 +291,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
 #endif
 }
 
-template <int NCH, int STAGES>
+template <int NCH, int STAGES, bool OVERLAP>
 cudaError_t launch_w(const WParams& p, int grid, cudaStream_t stream) {
   constexpr int smem = STAGES * (kRec + NCH * 8 * 128);
-  auto kern = gemm_w12_wgmma_kernel<NCH, STAGES>;
+  auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP>;
   static int configured[64] = {0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -336,10 +350,11 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
     const int grid = nt * p.S;
-    if (tokens <= 8) e = launch_w<1, 4>(p, grid, stream);
-    else if (tokens <= 16) e = launch_w<2, 4>(p, grid, stream);
-    else if (tokens <= 32) e = launch_w<4, 3>(p, grid, stream);
-    else e = launch_w<8, 3>(p, grid, stream);
+    const bool ov = (a.flags & 64) != 0;
+    if (tokens <= 8) e = ov ? launch_w<1, 4, true>(p, grid, stream) : launch_w<1, 4, false>(p, grid, stream);
+    else if (tokens <= 16) e = ov ? launch_w<2, 4, true>(p, grid, stream) : launch_w<2, 4, false>(p, grid, stream);
+    else if (tokens <= 32) e = ov ? launch_w<4, 3, true>(p, grid, stream) : launch_w<4, 3, false>(p, grid, stream);
+    else e = ov ? launch_w<8, 3, true>(p, grid, stream) : launch_w<8, 3, false>(p, grid, stream);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;

@@ -404,3 +404,20 @@ def test_back_to_back_in_a_graph(kernel, monkeypatch):
         g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y.view(torch.int16), ref)
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [1, 9, 33, 64])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000), (130, 70)])
+def test_v4_overlap_form_changes_no_bit(n, k, m, monkeypatch):
+    # W12_GEMM_DIAG=64: decode of record i overlapping record i-1's wgmma (two A buffers); the
+    # same wgmma in the same order, so the same bits.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    gen = torch.Generator().manual_seed(111 + m)
+    wt = _weight(n, k, gen, spread=False)
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    a = w12.linear(x, w)
+    _assert_close(a, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+    monkeypatch.setenv("W12_GEMM_DIAG", "64")
+    assert torch.equal(w12.linear(x, w).view(torch.int16), a.view(torch.int16))
