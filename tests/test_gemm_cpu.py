@@ -256,3 +256,39 @@ def test_auto_kernel_rule_is_shape_only():
         assert choose_kernel(n, k, 132, 2, _v1_splits(n, k, 264)) == kern, (n, k)
     # Tiny weights never take the persistent kernel.
     assert choose_kernel(128, 64, 132, 2, _v1_splits(128, 64, 264)) == 1
+
+
+def test_wgmma_activation_tile_follows_layout1_k_order():
+    """v4 (kernels_sm90/gemm_w12_wgmma_sm90.cu) stores the activation tile so that wgmma's B
+    operand, read through a no-swizzle K-major descriptor (LBO = T*16, SBO = 128), presents at
+    MMA-k index kappa of k-step ks the column that layout 1 decodes into A at that index. The
+    A side is taken from the layout's own permutation (w12.layouts), the B side restates the
+    kernel's store rule (column pair w of token r -> chunk 2ks + b, byte 4a, w = 8a + 2ks + b)."""
+    from w12 import layouts
+
+    perm = layouts.mma_sync_perm()
+    # A side: (lane t of row group 0, register R, half h) -> column, for warp 0.
+    col_a = {}
+    for slot in range(2048):
+        q, rem = slot // 512, slot % 512
+        lane, e = rem // 16, rem % 16
+        if lane // 4 != 0:
+            continue
+        t = lane % 4
+        reg, h = 8 * q + 2 * (e // 4) + (e & 1), (e >> 1) & 1
+        col_a[(t, reg, h)] = int(perm[slot]) % 64
+    for tokens in (8, 16, 64):
+        tile = {}  # byte offset -> column stored there (any token: the rule is the same per token)
+        for r in range(tokens):
+            for w in range(32):
+                a, ks, b = w >> 3, (w >> 1) & 3, w & 1
+                base = (2 * ks + b) * tokens * 16 + r * 16 + 4 * a
+                tile[base], tile[base + 2] = (r, 2 * w), (r, 2 * w + 1)
+        for ks in range(4):
+            for kappa in range(16):
+                t, hi, h = (kappa & 7) >> 1, kappa >> 3, kappa & 1
+                for reg_r in (0, 1):  # rows g and g + 8 share the k index
+                    want = col_a[(t, 4 * ks + 2 * hi + reg_r, h)]  # m-tile 0: R = 4ks + r
+                    for n in range(tokens):
+                        byte = (2 * ks + hi) * tokens * 16 + (n >> 3) * 128 + (n & 7) * 16 + (kappa & 7) * 2
+                        assert tile[byte] == (n, want), (tokens, ks, kappa, n)
