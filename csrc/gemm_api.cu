@@ -113,6 +113,14 @@ void* w12_gemm_counters_buffer(int device, void* stream, int n_ints, int* err) {
   return ptr;
 }
 
+// D[64][16] (FP32) = A[64][16] B[16][16]^T (BF16, row-major) through v4's wgmma building blocks
+// (sm_90 only; cudaErrorNoKernelImageForDevice elsewhere). A test hook: it isolates the wgmma
+// operand layouts from the W12 decode.
+int w12_selftest_wgmma(const void* a, const void* b, void* d, void* stream) {
+  return static_cast<int>(w12::wgmma_selftest_launch(static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b),
+                                                     static_cast<float*>(d), static_cast<cudaStream_t>(stream)));
+}
+
 // 0 when this library holds a GEMM kernel image for the current device, else the cudaError_t
 // (cudaErrorNoKernelImageForDevice / cudaErrorInvalidDeviceFunction on an unsupported GPU).
 int w12_gemm_check_device(void) { return static_cast<int>(w12::gemm_check_device()); }

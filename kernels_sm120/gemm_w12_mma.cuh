@@ -57,6 +57,9 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream);
 // v4, Hopper wgmma (kernels_sm90/gemm_w12_wgmma_sm90.cu, sm_90a only): v1's K slices reduced in a
 // thread-block cluster; no workspace or counters. cudaErrorNoKernelImageForDevice off sm_90.
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);
+// The wgmma building blocks alone (register A, descriptor B, accumulator layout) on one 64x16x16
+// product; see gemm_w12_wgmma_sm90.cu. For tests.
+cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D, cudaStream_t stream);
 
 // cudaSuccess when this library holds a kernel image for the current device.
 cudaError_t gemm_check_device();

@@ -321,7 +321,52 @@ cudaError_t launch_w(const WParams& p, int grid, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Self-test of the wgmma building blocks above, independent of the W12 decode: D[64x16] = A B^T
+// for A [64][16] and B [16 tokens][16] BF16 row-major, A through the register fragment layout
+// the GEMM relies on, B through the no-swizzle K-major descriptor (LBO = 16 tokens x 16 B = 256,
+// SBO = 128: distinct, so a swap shows), D read back through the accumulator layout.
+__global__ void __launch_bounds__(kThreads) wgmma_selftest_kernel(const uint16_t* A, const uint16_t* B, float* D) {
+#if W12_WGMMA
+  __shared__ __align__(128) uint8_t sb[16 * 16 * 2];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  for (int e = tid; e < 256; e += kThreads) {
+    const int n = e >> 4, kappa = e & 15;  // B[n][kappa]
+    const int off = (kappa >> 3) * 256 + (n >> 3) * 128 + (n & 7) * 16 + (kappa & 7) * 2;
+    *reinterpret_cast<uint16_t*>(sb + off) = B[e];
+  }
+  auto pair = [&](int row, int col) {
+    return static_cast<uint32_t>(A[row * 16 + col]) | (static_cast<uint32_t>(A[row * 16 + col + 1]) << 16);
+  };
+  const int r0 = 16 * warp + g;
+  const uint32_t a[4] = {pair(r0, 2 * t), pair(r0 + 8, 2 * t), pair(r0, 2 * t + 8), pair(r0 + 8, 2 * t + 8)};
+  float d[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  fence_proxy_async_smem();
+  __syncthreads();
+  wgmma_fence();
+  Wgmma<16>::run(d, a, smem_desc(smem_u32(sb), 256, 128));
+  wgmma_commit();
+  wgmma_wait0();
+#pragma unroll
+  for (int k = 0; k < 8; ++k) pin(d[k]);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) D[(r0 + 8 * (i >> 1)) * 16 + 8 * j + 2 * t + (i & 1)] = d[4 * j + i];
+#endif
+}
+
 }  // namespace
+
+cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D, cudaStream_t stream) {
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) return e;
+  if (major != 9 || minor != 0) return cudaErrorNoKernelImageForDevice;
+  wgmma_selftest_kernel<<<1, kThreads, 0, stream>>>(A, B, D);
+  return cudaGetLastError();
+}
 
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   if (a.M < 0 || a.N <= 0 || a.K <= 0) return cudaErrorInvalidValue;

@@ -421,3 +421,22 @@ def test_v4_overlap_form_changes_no_bit(n, k, m, monkeypatch):
     _assert_close(a, _ref(x, wt.to(DEV)), x, wt.to(DEV))
     monkeypatch.setenv("W12_GEMM_DIAG", "64")
     assert torch.equal(w12.linear(x, w).view(torch.int16), a.view(torch.int16))
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+def test_wgmma_building_blocks():
+    # v4's operand layouts on their own (register A fragment, no-swizzle K-major B descriptor with
+    # distinct LBO and SBO, accumulator layout): one 64x16x16 product of small integers, exact.
+    import ctypes
+
+    so = cuda_ops._gemm_lib()
+    so.w12_selftest_wgmma.restype = ctypes.c_int
+    so.w12_selftest_wgmma.argtypes = [ctypes.c_void_p] * 4
+    gen = torch.Generator().manual_seed(121)
+    a = torch.randint(-8, 8, (64, 16), generator=gen).to(torch.bfloat16).to(DEV)
+    b = torch.randint(-8, 8, (16, 16), generator=gen).to(torch.bfloat16).to(DEV)
+    d = torch.full((64, 16), float("nan"), device=DEV)
+    code = so.w12_selftest_wgmma(a.data_ptr(), b.data_ptr(), d.data_ptr(), torch.cuda.current_stream().cuda_stream)
+    assert code == 0, cuda_ops._err(code)
+    torch.cuda.synchronize()
+    assert torch.equal(d, a.float() @ b.float().t())
