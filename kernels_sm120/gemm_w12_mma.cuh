@@ -39,6 +39,16 @@ struct GemmArgs : GemmOperands {
                             // previous record's wgmma (same bits)
 };
 
+// Argument checks shared by every launcher (M == 0 is valid and launches nothing).
+inline cudaError_t gemm_check_args(const GemmArgs& a) {
+  if (a.M < 0 || a.N <= 0 || a.K <= 0) return cudaErrorInvalidValue;
+  const int kt = (a.K + 63) / 64;
+  if (a.ldx < (int64_t)kt * 64 || (a.ldx & 7) || a.ldy < a.N) return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(a.x) & 15) || (reinterpret_cast<uintptr_t>(a.records) & 15))
+    return cudaErrorMisalignedAddress;
+  return cudaSuccess;
+}
+
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so
 // every output element is summed in the same order whatever M is.
 int gemm_splits(int N, int K, int target_ctas);

@@ -381,12 +381,9 @@ size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas) {
 }
 
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
-  if (a.M < 0 || a.N <= 0 || a.K <= 0) return cudaErrorInvalidValue;
+  if (cudaError_t e0 = gemm_check_args(a); e0 != cudaSuccess) return e0;
   if (a.M == 0) return cudaSuccess;
   const int nt = (a.N + 127) / 128, kt = (a.K + 63) / 64;
-  if (a.ldx < (int64_t)kt * 64 || (a.ldx & 7) || a.ldy < a.N) return cudaErrorInvalidValue;
-  if ((reinterpret_cast<uintptr_t>(a.x) & 15) || (reinterpret_cast<uintptr_t>(a.records) & 15))
-    return cudaErrorMisalignedAddress;
   const int s = gemm_splits(a.N, a.K, a.target_ctas);
   const int kper = (kt + s - 1) / s;
   if (s > 1 && (a.workspace == nullptr || a.counters == nullptr)) return cudaErrorInvalidValue;  // sm_80 path

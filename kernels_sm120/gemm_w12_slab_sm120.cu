@@ -321,12 +321,9 @@ cudaError_t launch_slab(SlabParams p, const DevInfo& d, int dev, int cps_req, in
 }  // namespace
 
 cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream) {
-  if (a.M < 0 || a.N <= 0 || a.K <= 0) return cudaErrorInvalidValue;
+  if (cudaError_t e0 = gemm_check_args(a); e0 != cudaSuccess) return e0;
   if (a.M == 0) return cudaSuccess;
   const int kt = (a.K + 63) / 64;
-  if (a.ldx < (int64_t)kt * 64 || (a.ldx & 7) || a.ldy < a.N) return cudaErrorInvalidValue;
-  if ((reinterpret_cast<uintptr_t>(a.x) & 15) || (reinterpret_cast<uintptr_t>(a.records) & 15))
-    return cudaErrorMisalignedAddress;
   DevInfo d;
   int dev = 0;
   cudaError_t e = dev_info(d, dev);

@@ -335,12 +335,9 @@ size_t gemm_sk_workspace_bytes(int M, int target_ctas) {
 }
 
 cudaError_t gemm_sk_launch(const GemmArgs& a, cudaStream_t stream) {
-  if (a.M < 0 || a.N <= 0 || a.K <= 0) return cudaErrorInvalidValue;
+  if (cudaError_t e0 = gemm_check_args(a); e0 != cudaSuccess) return e0;
   if (a.M == 0) return cudaSuccess;
   const int nt = (a.N + 127) / 128, kt = (a.K + 63) / 64;
-  if (a.ldx < (int64_t)kt * 64 || (a.ldx & 7) || a.ldy < a.N) return cudaErrorInvalidValue;
-  if ((reinterpret_cast<uintptr_t>(a.x) & 15) || (reinterpret_cast<uintptr_t>(a.records) & 15))
-    return cudaErrorMisalignedAddress;
   if (a.workspace == nullptr || a.counters == nullptr) return cudaErrorInvalidValue;
   DevInfo d;
   int dev_idx = 0;

@@ -357,30 +357,28 @@ __global__ void __launch_bounds__(kThreads) wgmma_selftest_kernel(const uint16_t
 
 }  // namespace
 
-cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D, cudaStream_t stream) {
+// cudaSuccess on an sm_90 device (the only one with wgmma), else the reason.
+static cudaError_t require_sm90() {
   int dev = 0, major = 0, minor = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (e != cudaSuccess) return e;
-  if (major != 9 || minor != 0) return cudaErrorNoKernelImageForDevice;
+  return (major == 9 && minor == 0) ? cudaSuccess : cudaErrorNoKernelImageForDevice;
+}
+
+cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D, cudaStream_t stream) {
+  if (cudaError_t e = require_sm90(); e != cudaSuccess) return e;
   wgmma_selftest_kernel<<<1, kThreads, 0, stream>>>(A, B, D);
   return cudaGetLastError();
 }
 
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
-  if (a.M < 0 || a.N <= 0 || a.K <= 0) return cudaErrorInvalidValue;
+  if (cudaError_t e0 = gemm_check_args(a); e0 != cudaSuccess) return e0;
   if (a.M == 0) return cudaSuccess;
   const int nt = (a.N + 127) / 128, kt = (a.K + 63) / 64;
-  if (a.ldx < (int64_t)kt * 64 || (a.ldx & 7) || a.ldy < a.N) return cudaErrorInvalidValue;
-  if ((reinterpret_cast<uintptr_t>(a.x) & 15) || (reinterpret_cast<uintptr_t>(a.records) & 15))
-    return cudaErrorMisalignedAddress;
-  int dev = 0, major = 0, minor = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  cudaError_t e = require_sm90();  // wgmma is sm_90a only
   if (e != cudaSuccess) return e;
-  if (major != 9 || minor != 0) return cudaErrorNoKernelImageForDevice;  // wgmma is sm_90a only
   WParams p{};
   static_cast<GemmOperands&>(p) = a;
   p.N = a.N;
