@@ -60,18 +60,10 @@ class StaticRunner:
         return self.project(out.last_hidden_state)
 
     def _slot(self, rows: int) -> dict:
-        if rows in self._slots:
-            return self._slots[rows]
-        dev = self.lm.device
-        slot = {
-            "ids": torch.zeros(1, rows, dtype=torch.long, device=dev),
-            "pos": torch.zeros(1, rows, dtype=torch.long, device=dev),
-            "mask": torch.full((1, 1, rows, self.capacity), self._min, dtype=self.lm.dtype, device=dev),
-            "widx": torch.zeros(rows, dtype=torch.long, device=dev),
-            "graph": None,
-        }
-        self._slots[rows] = slot
-        return slot
+        """The static buffers (and, once captured, the graph) for `rows` rows, kept per row count."""
+        if rows not in self._slots:
+            self._slots[rows] = {**self._eager_slot(rows, self.lm.device), "graph": None}
+        return self._slots[rows]
 
     def _fill(self, slot, ids, pos, allowed_tail, base):
         """allowed_tail [rows, rows]: which of the rows being written each row may see."""

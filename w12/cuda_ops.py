@@ -214,7 +214,7 @@ def kernel_version(n: int | None = None, k: int | None = None, device="cuda") ->
     return _KERNELS[raw]
 
 
-def _pdl(kver: int) -> bool:
+def _pdl() -> bool:
     """Programmatic dependent launch for v3: ``W12_GEMM_PDL`` auto (default) / 1 = on, 0 = off.
 
     Measured on the H200 (docs/perf-notes.md): v3 gains from it. v1 lost with it (the waiting CTAs
@@ -223,7 +223,7 @@ def _pdl(kver: int) -> bool:
     raw = os.environ.get("W12_GEMM_PDL", "auto")
     if raw not in ("auto", "0", "1"):
         raise ValueError(f"W12_GEMM_PDL={raw!r} must be auto, 0 or 1")
-    return kver == 3 if raw == "auto" else raw == "1"
+    return raw != "0"
 
 
 def splits(n: int, k: int, device="cuda") -> int:
@@ -374,7 +374,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     stream = torch.cuda.current_stream(device)
     counters = _counters(device, stream, int(so.w12_gemm_counters(n, k, tgt, kver))) if ws_bytes else None
     flags = _env_int("W12_GEMM_DIAG", 0, allowed=set(range(1024))) if "W12_GEMM_DIAG" in os.environ else 0
-    if not _pdl(kver):
+    if not _pdl() and kver == 3:  # read (and checked) on every call; only v3 uses the bit
         flags |= 32
     code = so.w12_gemm(
         x2.data_ptr(),
