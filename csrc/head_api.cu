@@ -33,24 +33,37 @@ int w12_head_workspace_bytes(int kpad, int vpad, long long* bytes) {
 //   q: int8 [vpad, kpad] (zero padded), rowp: float4 [vpad] {a_v, rho_v, ||q_hat_v||, 0};
 //   w: bfloat16 [v, kpad] exact weights (zero padded columns); ws: workspace (see above);
 //   out_ids: int64 [m]; out_count: int32 [m] survivors rescored, or NULL;
-//   rescore_all != 0 skips the screening decision and rescores the whole vocabulary.
+//   flags: HEAD_FLAG_RESCORE_ALL (1) skips the screening decision and rescores the whole
+//   vocabulary; HEAD_FLAG_PDL (2) launches screen and rescore with programmatic dependent launch
+//   (sm_90+, ignored elsewhere); HEAD_FLAG_L2_256B (4): the screen's loads carry the L2::256B
+//   prefetch hint (w12/head_cuda.py sets it unless W12_HEAD_DIAG=4).
 int w12_head_argmax(const void* h, int h_bf16, int m, long long ldh, int k, const void* q, const void* rowp,
                     const void* w, int v, int vpad, int kpad, void* ws, long long* out_ids, int* out_count,
-                    int rescore_all, void* stream) {
+                    int flags, void* stream) {
   if (!h || !q || !rowp || !w || !ws || !out_ids || bad_shape(m, k, v, vpad, kpad) || ldh < k) return cudaErrorInvalidValue;
   if (!aligned16(q) || !aligned16(rowp) || !aligned16(w) || (reinterpret_cast<uintptr_t>(ws) & 255u) != 0)
     return cudaErrorInvalidValue;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const int rescore_all = flags & HEAD_FLAG_RESCORE_ALL;
+  bool pdl = false;
+  if (flags & HEAD_FLAG_PDL) {
+    int dev = 0, major = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess) return e;
+    pdl = major >= 9;
+  }
   HeadWs hw;
   head_ws_layout(ws, kpad, vpad, &hw);
   cudaError_t err = w12h_launch_prep(h, h_bf16 ? 1 : 0, m, ldh, k, kpad, hw, st);
   if (err != cudaSuccess) return err;
   if (!rescore_all) {
-    err = w12h_launch_screen(static_cast<const int8_t*>(q), static_cast<const float4*>(rowp), v, vpad, kpad, m, hw, st);
+    err = w12h_launch_screen(static_cast<const int8_t*>(q), static_cast<const float4*>(rowp), v, vpad, kpad, m, hw,
+                             flags, pdl, st);
     if (err != cudaSuccess) return err;
   }
   return w12h_launch_rescore(static_cast<const uint16_t*>(w), v, vpad, kpad, m, rescore_all, hw, out_ids,
-                             out_count, st);
+                             out_count, pdl, st);
 }
 
 // The exact routine over the whole vocabulary: out float32 [m, v] (the scores of h' = 2^-e h).

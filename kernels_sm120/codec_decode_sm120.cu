@@ -9,6 +9,7 @@
 // written once, by one thread, with no second kernel and no ordering between writers.
 // Portable sm_80+ code (the file name follows the project's kernel-folder convention).
 #include "smxx_codec.cuh"
+#include "smxx_w12_decode.cuh"
 
 namespace w12codec {
 namespace {
@@ -155,6 +156,66 @@ uint32_t threads_per_row(int variant, int k) {
   return uint32_t(32 * ((octets + 63) / 64));
 }
 
+// Layout-1 records (the GEMM's order, smxx_w12_decode.cuh) straight to BF16, so the prefill
+// fallback of w12.linear (decode + cuBLAS at M > 64) no longer permutes every record back to
+// layout 0 first: that was a second full read and write of the records per call.
+// A thread takes the GEMM's fragment of one record (warp w, lane 4g + t): 4 hi vectors of 16
+// bytes and 4 lo vectors of 8, i.e. rows 32w + {g, g+8, g+16, g+24}, columns 16t .. 16t+15, and
+// decodes them exactly as the GEMM does (fixed offset E0), then moves each half-word's exponent
+// from c + E0 to c + b with one per-half add (c + b <= 254, so no carry leaves a half). A row's 16
+// columns are 32 contiguous output bytes; a warp's pair of 16-byte stores covers 128 bytes of 8 rows.
+template <bool kVecOut>
+__global__ void __launch_bounds__(kThreads)
+    decode_l1_kernel(const uint8_t* __restrict__ records, const uint8_t* __restrict__ base,
+                     const int32_t* __restrict__ esc_ptr, const int32_t* __restrict__ esc_col,
+                     const int16_t* __restrict__ esc_val, int32_t nnz, int64_t num_records, int n, int k, int nt,
+                     int kt, uint16_t* __restrict__ out) {
+  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t rec = idx >> 7;
+  if (rec >= num_records) return;
+  const int w = int(idx >> 5) & 3, lane = int(idx) & 31, g = lane >> 2, t = lane & 3;
+  const int64_t mat = rec / (int64_t(nt) * kt);
+  const int rt = int((rec / kt) % nt), ktile = int(rec % kt);
+  const uint8_t* src = records + rec * kRecordBytes;
+  uint32_t a[32];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 h = __ldg(reinterpret_cast<const uint4*>(src + 2048 * w + 512 * q + 16 * lane));
+    const uint2 l = __ldg(reinterpret_cast<const uint2*>(src + kHiBytes + 1024 * w + 256 * q + 8 * lane));
+    w12::decode16(h, l, a + 8 * q);
+  }
+  const int c0 = ktile * kTileK + 16 * t;
+#pragma unroll
+  for (int part = 0; part < 4; ++part) {  // part = 2 mt + rb: row 32w + 16mt + g + 8rb
+    const int mt = part >> 1, rb = part & 1;
+    const int row = rt * kTileN + 32 * w + 16 * mt + g + 8 * rb;
+    if (row >= n) continue;
+    const int64_t grow = mat * n + row;
+    const uint32_t d = ((uint32_t(__ldg(base + grow)) - uint32_t(w12::kDecodeE0)) << 7) & 0xFFFFu;
+    const uint32_t d2 = d | (d << 16);
+    uint32_t o[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = __vadd2(a[16 * mt + 4 * (j >> 1) + rb + 2 * (j & 1)], d2);
+    int32_t p0 = __ldg(esc_ptr + grow), p1 = __ldg(esc_ptr + grow + 1);
+    p0 = p0 < 0 ? 0 : (p0 > nnz ? nnz : p0);
+    p1 = p1 < p0 ? p0 : (p1 > nnz ? nnz : p1);
+    if (p0 < p1) apply_escapes<8>(o, c0, p0, p1, esc_col, esc_val);
+    uint16_t* dst = out + grow * k;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int c = c0 + 8 * half;
+      if (kVecOut) {
+        if (c < k)
+          *reinterpret_cast<uint4*>(dst + c) = make_uint4(o[4 * half], o[4 * half + 1], o[4 * half + 2], o[4 * half + 3]);
+      } else {
+#pragma unroll
+        for (int q = 0; q < 8; ++q)
+          if (c + q < k) dst[c + q] = uint16_t(o[4 * half + (q >> 1)] >> ((q & 1) * 16));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // The host-emulation test build compiles the kernels alone, without these launchers.
@@ -199,6 +260,25 @@ cudaError_t launch_decode(const uint8_t* records, const uint8_t* base, const int
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+cudaError_t launch_decode_layout1(const uint8_t* records, const uint8_t* base, const int32_t* esc_ptr,
+                                  const int32_t* esc_col, const int16_t* esc_val, int64_t nnz, int64_t mats, int n,
+                                  int k, uint16_t* out, cudaStream_t stream) {
+  if (mats <= 0 || n <= 0 || k <= 0 || nnz < 0 || nnz > 0x7FFFFFFF || mats * n >= 0x7FFFFFFF)
+    return cudaErrorInvalidValue;
+  const int nt = (n + kTileN - 1) / kTileN, kt = (k + kTileK - 1) / kTileK;
+  const int64_t num_records = mats * nt * kt;
+  const int64_t blocks = (num_records * 128 + kThreads - 1) / kThreads;
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  const bool vec = (k % 8 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
+  if (vec)
+    decode_l1_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(records, base, esc_ptr, esc_col, esc_val,
+                                                                       int32_t(nnz), num_records, n, k, nt, kt, out);
+  else
+    decode_l1_kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(records, base, esc_ptr, esc_col, esc_val,
+                                                                        int32_t(nnz), num_records, n, k, nt, kt, out);
+  return cudaGetLastError();
 }
 
 #endif  // W12_CODEC_HOST_EMULATION

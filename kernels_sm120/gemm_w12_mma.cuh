@@ -32,7 +32,9 @@ struct GemmArgs : GemmOperands {
                             // dependent launch, 128 = its trigger after the main loop (timing only); v1: 1 = skip decode/MMA, 2 = skip the
                             // reduction (1 and 2 give wrong output), 4 = global-memory reduction even
                             // where clusters exist, 8 = 8-warp CTAs at M <= 16, 16 = cluster
-                            // reduction at M <= 8 too (4, 8, 16 change no bit of the result)
+                            // reduction at M <= 8 too, 512 = the in-kernel ticket reduction at
+                            // M <= 8 instead of the PDL reduce kernel (4, 8, 16, 512 change no
+                            // bit of the result; bits 20+ are the launcher's own)
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
                             // v3 (gemm_slab_launch): bit 1 (stream only), 32 = no programmatic
                             // dependent launch; v4 (gemm_wgmma_launch): 64 = decode overlapping the

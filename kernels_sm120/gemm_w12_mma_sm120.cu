@@ -11,8 +11,10 @@
 //   barrier; one __syncthreads per step covers the shared activation tile.
 //   Row data for the epilogue (base, escape ranges, bias) is loaded before the main loop.
 // - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs) only. Partial
-//   sums go to a workspace and the last CTA of a row tile to arrive (atomic ticket) adds the
-//   slices in slice order. Every output element is therefore summed in one fixed order that does
+//   sums are added in slice order by one of three paths with identical bits: on sm_90+ the
+//   slices of a row tile reduce through a cluster's shared memory (M > 8) or store partials for
+//   a PDL-launched reduce kernel (M <= 8); elsewhere the last CTA of a row tile to arrive
+//   (atomic ticket) adds them. Every output element is therefore summed in one fixed order that does
 //   not depend on M or on which CTA finishes last: results are deterministic and row i of y has
 //   the same bits whatever M is.
 // - Epilogue (once per element, in the reducing CTA): multiply by 2^(b - E0), fix escapes with
@@ -23,6 +25,7 @@
 
 #include "gemm_w12_mma.cuh"
 #include "smxx_gemm_common.cuh"
+#include "smxx_pipe.cuh"
 #include "smxx_w12_decode.cuh"
 
 namespace w12 {
@@ -31,13 +34,17 @@ namespace {
 constexpr int kRecordBytes = 12288;
 constexpr int kMaxTokens = 64;  // per launch; longer M is cut into 64-token chunks
 constexpr int kMaxSplits = 8;
+// KParams::flags bit set by the launcher (above the diagnostic bits): the slices only store their
+// partials and gemm_w12_reduce_kernel, launched behind the GEMM with PDL, sums them. A flag rather
+// than a field: a larger KParams tipped the 64-token instantiation into spilling.
+constexpr int kReduceKernel = 1 << 20;
 
 struct KParams : GemmOperands {
   float4* ws;
   int* counters;
   int M, N, KT, S, kper;
   int64_t ldx, ldy;
-  int flags;    // diagnostics only (GemmArgs::flags); 0 in normal use
+  int flags;    // GemmArgs::flags (diagnostics) | kReduceKernel
   int cluster;  // 1: the S slices of a row tile form one thread-block cluster (sm_90+)
 };
 
@@ -55,21 +62,51 @@ struct RowData {
   float scale[4];
   int e0[4], e1[4];
   float bias[4];
+  // The row's first escape (column, true value), valid when e0 < e1, also loaded at kernel start:
+  // 27 % of 4096-wide rows of a trained-like weight hold an escape, so nearly every warp's
+  // epilogue met one, each a cold esc_col round trip plus the dependent x[col] load.
+  int ecol[4];
+  float eval[4];
+  // x[token][ecol] for the thread's two tokens at M <= 8 (one token chunk), loaded after the main
+  // loop so the L2 round trip overlaps the reduction's instead of following it.
+  float ex[2][4];
 };
 
-__device__ __forceinline__ float apply_escapes(float v, int r, int m, const RowData& rd, const KParams& p) {
-  // The slot of an escape decoded as code 0 = 2^(b-127) after scaling; replace that product by
-  // the true weight's. Both products are exact in FP32 (8-bit x 8-bit mantissas); an inf/NaN
-  // weight makes the result inf/NaN exactly as multiplying by the decoded weight would.
-  const float slot = rd.scale[r] * 0x1p-15f;  // 2^(b-E0) * 2^(E0-127)
-  const uint16_t* xr = p.x + (int64_t)m * p.ldx;
-  for (int e = rd.e0[r]; e < rd.e1[r]; ++e) {
-    const float xv = bf16_bits_to_float(xr[__ldg(p.esc_col + e)]);
-    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-    v = __fadd_rn(v, __fmul_rn(wv, xv));
-    v = __fsub_rn(v, __fmul_rn(slot, xv));
+// Row data of the 2*MTW rows a thread writes (rows nbase + 16 (r/2) + g + 8 (r&1)).
+template <int MTW>
+__device__ __forceinline__ void load_row_data(RowData& rd, int nbase, int g, const KParams& p) {
+#pragma unroll
+  for (int r = 0; r < 2 * MTW; ++r) {
+    const int n = nbase + (r >> 1) * 16 + g + 8 * (r & 1);
+    const bool ok = n < p.N;
+    rd.scale[r] = ok ? row_scale(__ldg(p.base + n)) : 0.f;
+    rd.e0[r] = ok ? __ldg(p.esc_ptr + n) : 0;
+    rd.e1[r] = ok ? __ldg(p.esc_ptr + n + 1) : 0;
+    rd.bias[r] = (ok && p.bias) ? __ldg(p.bias + n) : 0.f;
   }
-  return v;
+#pragma unroll
+  for (int r = 0; r < 2 * MTW; ++r) {
+    const bool has = rd.e0[r] < rd.e1[r];
+    rd.ecol[r] = has ? __ldg(p.esc_col + rd.e0[r]) : 0;
+    rd.eval[r] = has ? bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + rd.e0[r]))) : 0.f;
+  }
+#pragma unroll
+  for (int r = 2 * MTW; r < 4; ++r)
+    rd.scale[r] = 0.f, rd.e0[r] = rd.e1[r] = 0, rd.bias[r] = 0.f, rd.ecol[r] = 0, rd.eval[r] = 0.f;
+}
+
+// x[token][first escape column] for the two tokens 2t, 2t+1 of a one-chunk (M <= 8) fragment.
+template <int MTW>
+__device__ __forceinline__ void load_escape_x(RowData& rd, int t, const KParams& p) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int m = 2 * t + h;
+      rd.ex[h][r] = (r < 2 * MTW && rd.e0[r] < rd.e1[r] && m < p.M)
+                        ? bf16_bits_to_float(p.x[(int64_t)m * p.ldx + rd.ecol[r]])
+                        : 0.f;
+    }
 }
 
 template <typename T>
@@ -78,9 +115,27 @@ __device__ __forceinline__ T pick4(const T (&a)[4], int r) {
   return r == 0 ? a[0] : r == 1 ? a[1] : r == 2 ? a[2] : a[3];
 }
 
+// xv0: x[m][ecol], the activation the row's first escape multiplies.
+__device__ __forceinline__ float apply_escapes(float v, int r, int m, float xv0, const RowData& rd, const KParams& p) {
+  // The slot of an escape decoded as code 0 = 2^(b-127) after scaling; replace that product by
+  // the true weight's. Both products are exact in FP32 (8-bit x 8-bit mantissas); an inf/NaN
+  // weight makes the result inf/NaN exactly as multiplying by the decoded weight would.
+  const float slot = rd.scale[r] * 0x1p-15f;  // 2^(b-E0) * 2^(E0-127)
+  const uint16_t* xr = p.x + (int64_t)m * p.ldx;
+  v = __fadd_rn(v, __fmul_rn(pick4(rd.eval, r), xv0));
+  v = __fsub_rn(v, __fmul_rn(slot, xv0));
+  for (int e = pick4(rd.e0, r) + 1; e < pick4(rd.e1, r); ++e) {
+    const float xv = bf16_bits_to_float(xr[__ldg(p.esc_col + e)]);
+    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+    v = __fadd_rn(v, __fmul_rn(wv, xv));
+    v = __fsub_rn(v, __fmul_rn(slot, xv));
+  }
+  return v;
+}
+
 // Epilogue of one accumulator fragment: rows nbase + g (+8), tokens 8j + 2t (+1); rd row index
 // 2*mtl + h. Scale by 2^(b-E0), escapes, bias, round to BF16.
-template <int MTW>
+template <int NCH, int MTW>
 __device__ __forceinline__ void store_fragment(const float (&v)[4], int nbase, int mtl, int j, const RowData& rd,
                                                const KParams& p) {
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
@@ -91,7 +146,11 @@ __device__ __forceinline__ void store_fragment(const float (&v)[4], int nbase, i
     const int m = 8 * j + 2 * t + (i & 1);
     if (n < p.N && m < p.M) {
       float x = v[i] * pick4(rd.scale, r);
-      if (pick4(rd.e0, r) < pick4(rd.e1, r)) x = apply_escapes(x, r, m, rd, p);
+      if (pick4(rd.e0, r) < pick4(rd.e1, r)) {
+        const float xv0 = NCH == 1 ? ((i & 1) ? pick4(rd.ex[1], r) : pick4(rd.ex[0], r))
+                                   : bf16_bits_to_float(p.x[(int64_t)m * p.ldx + pick4(rd.ecol, r)]);
+        x = apply_escapes(x, r, m, xv0, rd, p);
+      }
       if (p.bias) x = __fadd_rn(x, pick4(rd.bias, r));
       p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
     }
@@ -113,6 +172,11 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   constexpr int kFrag = MTW * NCH;          // accumulator fragments per thread
   extern __shared__ __align__(128) uint8_t smem[];
 
+  // The reduce kernel's CTAs are tiny (no shared memory): let them be scheduled now and wait at
+  // griddepcontrol.wait, so the reduction starts the moment this grid's partials are flushed.
+  // (NCH == 1 only: the flag is never set above 8 tokens, and the 64-token instantiation spills
+  // if it has to keep the branch.)
+  if (NCH == 1 && (p.flags & kReduceKernel)) pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int rowq = MTW == 2 ? warp : warp >> 1;  // which 32-row quarter of the record
   const int mt0 = MTW == 2 ? 0 : warp & 1;       // first m-tile of this warp
@@ -162,17 +226,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   }
 
   RowData rd;
-#pragma unroll
-  for (int r = 0; r < 2 * MTW; ++r) {
-    const int n = nbase + (r >> 1) * 16 + g + 8 * (r & 1);
-    const bool ok = n < p.N;
-    rd.scale[r] = ok ? row_scale(__ldg(p.base + n)) : 0.f;
-    rd.e0[r] = ok ? __ldg(p.esc_ptr + n) : 0;
-    rd.e1[r] = ok ? __ldg(p.esc_ptr + n + 1) : 0;
-    rd.bias[r] = (ok && p.bias) ? __ldg(p.bias + n) : 0.f;
-  }
-#pragma unroll
-  for (int r = 2 * MTW; r < 4; ++r) rd.scale[r] = 0.f, rd.e0[r] = rd.e1[r] = 0, rd.bias[r] = 0.f;
+  if (NCH > 1 || !(p.flags & kReduceKernel)) load_row_data<MTW>(rd, nbase, g, p);
 
   for (int i = 0; i < nrec; ++i) {
     cp_async_wait<STAGES - 2>();
@@ -217,6 +271,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     }
   }
   cp_async_wait<0>();
+  if (NCH == 1 && !(p.flags & kReduceKernel)) load_escape_x<MTW>(rd, t, p);
 
 #if __CUDA_ARCH__ >= 900
   if (p.S > 1 && p.cluster) {
@@ -245,7 +300,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
         for (int i = 0; i < 4; ++i) sum[i] = sl == 0 ? vv[i] : __fadd_rn(sum[i], vv[i]);
       }
       const int mtl = f / NCH;
-      store_fragment<MTW>(sum, nbase + 16 * mtl, mtl, f % NCH, rd, p);
+      store_fragment<NCH, MTW>(sum, nbase + 16 * mtl, mtl, f % NCH, rd, p);
     }
     cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
     return;
@@ -261,6 +316,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
       for (int j = 0; j < NCH; ++j)
         mine[(mt * NCH + j) * kT] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
     if (p.flags & 2) return;  // diagnostic: no cross-CTA reduction (output incomplete)
+    if (NCH == 1 && (p.flags & kReduceKernel)) return;
     __threadfence();
     __syncthreads();
     __shared__ int s_last;
@@ -307,7 +363,61 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
-    for (int j = 0; j < NCH; ++j) store_fragment<MTW>(acc[mt][j], nbase + 16 * mt, mt, j, rd, p);
+    for (int j = 0; j < NCH; ++j) store_fragment<NCH, MTW>(acc[mt][j], nbase + 16 * mt, mt, j, rd, p);
+}
+
+// The cross-CTA reduction at M <= 8 as its own kernel, one CTA per row tile with the GEMM CTA's
+// thread -> fragment map, launched with programmatic dependent launch behind the GEMM. Row data
+// and the escapes' activations are loaded before griddepcontrol.wait (they do not depend on the
+// GEMM); after it, every slice's partial is fetched at once and summed in slice order 0..S-1,
+// the same adds as the in-kernel path, so the bits are those of every other path. This takes the
+// in-kernel chain (fence, ticket, 1-2 partial round trips, epilogue loads) off the critical tail.
+template <int MTW>
+__global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KParams p) {
+  constexpr int kT = 256 / MTW, kFrag = MTW;  // one token chunk
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int rowq = MTW == 2 ? warp : warp >> 1, mt0 = MTW == 2 ? 0 : warp & 1;
+  const int rowtile = blockIdx.x;
+  const int nbase = rowtile * 128 + rowq * 32 + mt0 * 16;
+  RowData rd;
+  load_row_data<MTW>(rd, nbase, g, p);
+  load_escape_x<MTW>(rd, t, p);  // x was complete before the GEMM started
+  pdl_wait();
+  const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
+  float4 v[kMaxSplits][MTW];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s)
+#pragma unroll
+    for (int mt = 0; mt < MTW; ++mt)
+      if (s < p.S) v[s][mt] = __ldcg(tile + (size_t)s * (kFrag * kT) + mt * kT);
+#pragma unroll
+  for (int mt = 0; mt < MTW; ++mt) {
+    float acc[4] = {v[0][mt].x, v[0][mt].y, v[0][mt].z, v[0][mt].w};
+#pragma unroll
+    for (int s = 1; s < kMaxSplits; ++s)
+      if (s < p.S) {
+        acc[0] = __fadd_rn(acc[0], v[s][mt].x);
+        acc[1] = __fadd_rn(acc[1], v[s][mt].y);
+        acc[2] = __fadd_rn(acc[2], v[s][mt].z);
+        acc[3] = __fadd_rn(acc[3], v[s][mt].w);
+      }
+    store_fragment<1, MTW>(acc, nbase + 16 * mt, mt, 0, rd, p);
+  }
+}
+
+template <int MTW>
+cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(tiles);
+  cfg.blockDim = dim3(256 / MTW);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_w12_reduce_kernel<MTW>, p);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 template <int NCH, int STAGES, int MTW>
@@ -413,12 +523,20 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
     p.cluster = (cluster_ok && (tokens > 8 || (a.flags & 16))) ? 1 : 0;
+    // Global-memory reduction (M <= 8 on sm_90+): a separate PDL-launched reduce kernel unless
+    // diagnostic 512 asks for the in-kernel ticket path (same bits either way).
+    const bool reduce_kernel = s > 1 && !p.cluster && tokens <= 8 && major >= 9 && !(a.flags & (2 | 512));
+    p.flags = reduce_kernel ? (a.flags | kReduceKernel) : a.flags;
     cudaError_t err;
     switch (a.stages) {
       case 4: err = launch_stages<4>(p, nt * s, tokens, stream); break;
       default: err = launch_stages<3>(p, nt * s, tokens, stream); break;
     }
     if (err != cudaSuccess) return err;
+    if (reduce_kernel) {
+      err = (a.flags & 8) ? launch_reduce<1>(p, nt, stream) : launch_reduce<2>(p, nt, stream);
+      if (err != cudaSuccess) return err;
+    }
   }
   return cudaSuccess;
 }

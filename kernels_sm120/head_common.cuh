@@ -11,6 +11,9 @@
 #define HEAD_KQ 64        // K granularity of the INT8 rows (one 64-byte chunk per lane group)
 #define HEAD_TILE_ROWS 16 // vocabulary rows per warp tile (mma m16)
 #define HEAD_SEG 2048     // vocabulary entries scanned (and at most rescored) per rescore block
+#define HEAD_FLAG_RESCORE_ALL 1  // w12_head_argmax flags: skip the screen, rescore every token
+#define HEAD_FLAG_PDL 2          // programmatic dependent launch of screen and rescore (sm_90+)
+#define HEAD_FLAG_L2_256B 4      // screen loads ask L2 for whole 256-byte sectors (on by default)
 
 struct HeadWs {
   float* hp;          // [32][Kpad] h' = 2^-e h (fp32), zero padded
@@ -61,8 +64,27 @@ __device__ __forceinline__ float head_dec(unsigned e) {
 cudaError_t w12h_launch_prep(const void* h, int h_bf16, int m, long long ldh, int k, int kpad, const HeadWs& ws,
                              cudaStream_t st);
 cudaError_t w12h_launch_screen(const int8_t* q, const float4* rowp, int v, int vpad, int kpad, int m,
-                               const HeadWs& ws, cudaStream_t st);
+                               const HeadWs& ws, int flags, bool pdl, cudaStream_t st);
 cudaError_t w12h_launch_rescore(const uint16_t* w, int v, int vpad, int kpad, int m, int rescore_all,
-                                const HeadWs& ws, long long* out_ids, int* out_count, cudaStream_t st);
+                                const HeadWs& ws, long long* out_ids, int* out_count, bool pdl, cudaStream_t st);
+
+// Launches `kern` with programmatic stream serialization when `pdl` (the kernel must call
+// griddepcontrol.wait before it reads anything the previous kernel writes).
+template <typename... Params, typename... Args>
+cudaError_t head_launch(void (*kern)(Params...), dim3 grid, int threads, bool pdl, cudaStream_t st, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  if (pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<Params>(args)...);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
 cudaError_t w12h_launch_exact_all(const uint16_t* w, int v, int kpad, int m, const HeadWs& ws, float* out,
                                   cudaStream_t st);

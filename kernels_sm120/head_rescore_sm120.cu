@@ -11,6 +11,7 @@
 // FMA chains over fixed k groups, a fixed reduction tree, -0 as +0. It depends only on
 // (h', w_v, Kpad), never on which tokens survived or how many.
 #include "head_common.cuh"
+#include "smxx_pipe.cuh"
 
 namespace {
 
@@ -101,6 +102,7 @@ __global__ void __launch_bounds__(kThreads) head_rescore_kernel(const uint16_t* 
   const int n = blockIdx.y, seg0 = blockIdx.x * HEAD_SEG;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) cnt = 0;
+  w12::pdl_wait();  // everything below reads what screen (or prep) wrote
   __syncthreads();
   const unsigned enc = ws.lmax[n];
   const float thr = enc == 0u ? -INFINITY : head_dec(enc);
@@ -164,10 +166,10 @@ __global__ void __launch_bounds__(kThreads) head_exact_all_kernel(const uint16_t
 }  // namespace
 
 cudaError_t w12h_launch_rescore(const uint16_t* w, int v, int vpad, int kpad, int m, int rescore_all,
-                                const HeadWs& ws, long long* out_ids, int* out_count, cudaStream_t st) {
+                                const HeadWs& ws, long long* out_ids, int* out_count, bool pdl, cudaStream_t st) {
   const dim3 grid((v + HEAD_SEG - 1) / HEAD_SEG, m);
-  head_rescore_kernel<<<grid, kThreads, 0, st>>>(w, v, vpad, kpad, m, rescore_all, ws, out_ids, out_count);
-  return cudaGetLastError();
+  return head_launch(head_rescore_kernel, grid, kThreads, pdl, st, w, v, vpad, kpad, m, rescore_all, ws, out_ids,
+                     out_count);
 }
 
 cudaError_t w12h_launch_exact_all(const uint16_t* w, int v, int kpad, int m, const HeadWs& ws, float* out,

@@ -9,7 +9,13 @@
 //          (rounded down) through an atomic max on an order-preserving encoding.
 // Only the upper bounds (4 bytes per token and row, < 1 % of the INT8 bytes at M = 1) leave the
 // kernel; the rescore pass filters them against the final Lmax.
+//
+// With programmatic dependent launch (sm_90+), the screen's CTAs start while prep runs: each warp
+// pulls the first 512 bytes of its first tile's 16 rows into L2 (weights do not depend on prep),
+// then waits for prep's results. prep -> screen -> rescore would otherwise pay two launch ramps
+// with HBM idle, a few microseconds on a ~150 us pass.
 #include "head_common.cuh"
+#include "smxx_pipe.cuh"
 
 #include <math.h>
 
@@ -40,6 +46,7 @@ __device__ T block_reduce(T x, Op op, T* smem) {
 
 __global__ void __launch_bounds__(kThreads) head_prep_kernel(const void* __restrict__ h, int bf16, int m,
                                                              long long ldh, int k, int kpad, HeadWs ws) {
+  w12::pdl_launch_dependents();  // the screen only prefetches weights until this grid completes
   __shared__ float sf[kThreads / 32];
   __shared__ double sd[kThreads / 32];
   const int n = blockIdx.x;
@@ -82,11 +89,17 @@ __global__ void __launch_bounds__(kThreads) head_prep_kernel(const void* __restr
   }
 }
 
+template <bool L2_256B>
 __device__ __forceinline__ int4 ld_stream(const int8_t* p) {
   int4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
+  if (L2_256B)
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.s32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+  else
+    asm("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
   return r;
 }
 
@@ -114,7 +127,7 @@ __device__ __forceinline__ void chunk_mma(int (&ahi)[NT][4], int (&alo)[NT][4], 
   }
 }
 
-template <int NT, int UNROLL>
+template <int NT, int UNROLL, bool L2_256B>
 __global__ void __launch_bounds__(kThreads, 2) head_screen_kernel(const int8_t* __restrict__ q,
                                                                const float4* __restrict__ rowp, int v, int vpad,
                                                                int kpad, int m, HeadWs ws) {
@@ -123,6 +136,17 @@ __global__ void __launch_bounds__(kThreads, 2) head_screen_kernel(const int8_t* 
   const int ntiles = vpad / HEAD_TILE_ROWS, nchunks = kpad / HEAD_KQ;
   const float two_m15 = __int_as_float((127 - 15) << 23), four_u = __int_as_float((127 - 22) << 23);
   const float delta = __int_as_float((127 - 100) << 23);
+  {
+    const int tile = blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
+    if (tile < ntiles) {
+      const int8_t* row = q + static_cast<size_t>(tile * HEAD_TILE_ROWS + g) * kpad + 128 * t;
+      if (128 * t < kpad) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + static_cast<size_t>(8) * kpad));
+      }
+    }
+  }
+  w12::pdl_wait();
   float hn[NT][2], rh[NT][2], run[NT][2];
   const int8_t* hhi[NT];
   const int8_t* hlo[NT];
@@ -152,14 +176,14 @@ __global__ void __launch_bounds__(kThreads, 2) head_screen_kernel(const int8_t* 
       int4 wa[UNROLL], wb[UNROLL];
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {  // all weight loads of the group in flight before any mma
-        wa[u] = ld_stream(qa + (c + u) * HEAD_KQ);
-        wb[u] = ld_stream(qb + (c + u) * HEAD_KQ);
+        wa[u] = ld_stream<L2_256B>(qa + (c + u) * HEAD_KQ);
+        wb[u] = ld_stream<L2_256B>(qb + (c + u) * HEAD_KQ);
       }
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) chunk_mma<NT>(ahi, alo, wa[u], wb[u], hhi, hlo, (c + u) * HEAD_KQ);
     }
     for (; c < nchunks; ++c) {
-      const int4 wa = ld_stream(qa + c * HEAD_KQ), wb = ld_stream(qb + c * HEAD_KQ);
+      const int4 wa = ld_stream<L2_256B>(qa + c * HEAD_KQ), wb = ld_stream<L2_256B>(qb + c * HEAD_KQ);
       chunk_mma<NT>(ahi, alo, wa, wb, hhi, hlo, c * HEAD_KQ);
     }
     // Epilogue: accumulator i holds row g (i < 2) or g+8, column 2t + (i & 1) of each n-tile.
@@ -196,11 +220,12 @@ __global__ void __launch_bounds__(kThreads, 2) head_screen_kernel(const int8_t* 
       }
     }
   }
+  w12::pdl_launch_dependents();  // the rescore's CTAs may take this warp's slot and wait there
 }
 
-template <int NT, int UNROLL>
+template <int NT, int UNROLL, bool L2_256B>
 cudaError_t launch_screen_nt(const int8_t* q, const float4* rowp, int v, int vpad, int kpad, int m, const HeadWs& ws,
-                             cudaStream_t st) {
+                             bool pdl, cudaStream_t st) {
   static int resident[64] = {0};  // blocks per SM x SMs, per device (queried once; no stream work)
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -209,15 +234,15 @@ cudaError_t launch_screen_nt(const int8_t* q, const float4* rowp, int v, int vpa
   if (resident[dev] == 0) {
     int sms = 0, per_sm = 0;
     if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return err;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, head_screen_kernel<NT, UNROLL>, kThreads, 0);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, head_screen_kernel<NT, UNROLL, L2_256B>, kThreads, 0);
     if (err != cudaSuccess) return err;
     resident[dev] = sms * (per_sm > 0 ? per_sm : 1);
   }
   const int ntiles = vpad / HEAD_TILE_ROWS;
   int blocks = (ntiles + kThreads / 32 - 1) / (kThreads / 32);
   if (blocks > resident[dev]) blocks = resident[dev];
-  head_screen_kernel<NT, UNROLL><<<blocks, kThreads, 0, st>>>(q, rowp, v, vpad, kpad, m, ws);
-  return cudaGetLastError();
+  return head_launch(head_screen_kernel<NT, UNROLL, L2_256B>, dim3(blocks), kThreads, pdl, st, q, rowp, v, vpad, kpad,
+                     m, ws);
 }
 
 }  // namespace
@@ -230,16 +255,21 @@ cudaError_t w12h_launch_prep(const void* h, int h_bf16, int m, long long ldh, in
 }
 
 cudaError_t w12h_launch_screen(const int8_t* q, const float4* rowp, int v, int vpad, int kpad, int m,
-                               const HeadWs& ws, cudaStream_t st) {
+                               const HeadWs& ws, int flags, bool pdl, cudaStream_t st) {
+  const bool hint = (flags & HEAD_FLAG_L2_256B) != 0;
   switch ((m + 7) / 8) {
     case 1:
-      return launch_screen_nt<1, 8>(q, rowp, v, vpad, kpad, m, ws, st);
+      return hint ? launch_screen_nt<1, 8, true>(q, rowp, v, vpad, kpad, m, ws, pdl, st)
+                  : launch_screen_nt<1, 8, false>(q, rowp, v, vpad, kpad, m, ws, pdl, st);
     case 2:
-      return launch_screen_nt<2, 8>(q, rowp, v, vpad, kpad, m, ws, st);
+      return hint ? launch_screen_nt<2, 8, true>(q, rowp, v, vpad, kpad, m, ws, pdl, st)
+                  : launch_screen_nt<2, 8, false>(q, rowp, v, vpad, kpad, m, ws, pdl, st);
     case 3:
-      return launch_screen_nt<3, 4>(q, rowp, v, vpad, kpad, m, ws, st);
+      return hint ? launch_screen_nt<3, 4, true>(q, rowp, v, vpad, kpad, m, ws, pdl, st)
+                  : launch_screen_nt<3, 4, false>(q, rowp, v, vpad, kpad, m, ws, pdl, st);
     case 4:
-      return launch_screen_nt<4, 4>(q, rowp, v, vpad, kpad, m, ws, st);
+      return hint ? launch_screen_nt<4, 4, true>(q, rowp, v, vpad, kpad, m, ws, pdl, st)
+                  : launch_screen_nt<4, 4, false>(q, rowp, v, vpad, kpad, m, ws, pdl, st);
     default:
       return cudaErrorInvalidValue;
   }

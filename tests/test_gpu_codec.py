@@ -280,6 +280,32 @@ def test_unpack_from_other_layouts(kernels, layouts, rng):
         assert_equal_bits(w12.unpack_8bit(moved), ref8.view(x.shape), f"8-bit view from layout {lay}")
 
 
+@gpu
+@pytest.mark.parametrize("shape", SHAPES + [(3, 200, 136)], ids=lambda s: "x".join(map(str, s)))
+def test_unpack_layout1_direct(kernels, rng, shape):
+    # Layout-1 records decode without a permutation back to layout 0 (the prefill fallback path):
+    # vector stores where K % 8 == 0, per-element ones elsewhere, rows and columns past the tile.
+    x = realistic(shape, rng)
+    w = cuda_codec.pack(x.cuda())
+    rec1 = cuda_codec.convert_layout(w.records, 0, 1)
+    got = cuda_codec.unpack(rec1, *w.tensors()[1:], w.N, w.K, 1)
+    assert_equal_bits(got.view(x.shape), x, f"layout-1 decode of {shape}")
+
+
+@gpu
+@pytest.mark.parametrize("make", [escapes_everywhere, escape_rows], ids=["every_tile_slot", "escape_rows"])
+def test_unpack_layout1_adversarial(kernels, rng, make):
+    x = make(rng)
+    w = cuda_codec.pack(x.cuda())
+    rec1 = cuda_codec.convert_layout(w.records, 0, 1)
+    got = cuda_codec.unpack(rec1, *w.tensors()[1:], w.N, w.K, 1)
+    assert_equal_bits(got.view(x.shape), x, f"layout-1 decode, {make.__name__}")
+    pats = all_patterns(256, rng, True)
+    wp = cuda_codec.pack(pats.cuda())
+    got = cuda_codec.unpack(cuda_codec.convert_layout(wp.records, 0, 1), *wp.tensors()[1:], wp.N, wp.K, 1)
+    assert_equal_bits(got, pats, "layout-1 decode of all 65536 patterns")
+
+
 # -- errors ---------------------------------------------------------------------------------------
 
 

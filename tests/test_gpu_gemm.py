@@ -156,13 +156,14 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     assert torch.equal(w12.linear(x[64:].clone(), w).view(torch.int16), full[64:])
 
 
-@pytest.mark.parametrize("m", [3, 16, 37])
+@pytest.mark.parametrize("m", [1, 3, 16, 37])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000)])
-@pytest.mark.parametrize("variant", ["4", "8", "16", "24"])
+@pytest.mark.parametrize("variant", ["4", "8", "16", "24", "512", "520"])
 def test_kernel_variants_agree(n, k, m, variant, monkeypatch):
     # Reduction through a thread-block cluster (sm_90+, M > 8) or global memory (4: forced),
-    # 4-warp or 8-warp CTAs (8: 8-warp at M <= 16), cluster also at M <= 8 (16): every variant
-    # adds the same products in the same order, so all must give the same bits. (v1 only.)
+    # 4-warp or 8-warp CTAs (8: 8-warp at M <= 16), cluster also at M <= 8 (16), the in-kernel
+    # ticket reduction instead of the PDL reduce kernel at M <= 8 (512): every variant adds the
+    # same products in the same order, so all must give the same bits. (v1 only.)
     monkeypatch.setenv("W12_GEMM_KERNEL", "v1")
     gen = torch.Generator().manual_seed(21)
     w = w12.pack(_weight(n, k, gen, spread=False)).to(DEV).with_layout(1)

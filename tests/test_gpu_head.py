@@ -57,6 +57,33 @@ def test_argmax_equals_exact_path(v, k, m, dtype, gen):
     assert torch.equal(ids_all, ids) and (surv_all == v).all()
 
 
+@pytest.mark.parametrize("pdl,diag", [("0", "0"), ("1", "0"), ("1", "4"), ("0", "4")])
+@pytest.mark.parametrize("m", [1, 9])
+def test_launch_settings_change_no_result(pdl, diag, m, gen, monkeypatch):
+    # PDL and the L2 load hint are timing knobs: ids and survivor counts must not move, including
+    # back-to-back calls where the next prep runs right after a PDL-launched rescore.
+    _needs_kernels()
+    head, w = _head(5003, 333, gen)
+    hs = [torch.randn(m, 333, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3)]
+    monkeypatch.setenv("W12_HEAD_PDL", "0")
+    monkeypatch.setenv("W12_HEAD_DIAG", "4")
+    want = [head.argmax(h, return_survivors=True) for h in hs]
+    monkeypatch.setenv("W12_HEAD_PDL", pdl)
+    monkeypatch.setenv("W12_HEAD_DIAG", diag)
+    got = [head.argmax(h, return_survivors=True) for h in hs]
+    for (i0, s0), (i1, s1), h in zip(want, got, hs):
+        assert torch.equal(i0, i1) and torch.equal(s0, s1)
+        assert torch.equal(i1, head.exact_scores(h).argmax(-1))
+
+
+def test_bad_head_settings_are_refused(gen, monkeypatch):
+    _needs_kernels()
+    head, _ = _head(100, 100, gen)
+    monkeypatch.setenv("W12_HEAD_PDL", "yes")
+    with pytest.raises(ValueError, match="W12_HEAD_PDL"):
+        head.argmax(torch.randn(1, 100, device="cuda", generator=gen))
+
+
 def test_planted_winner_few_survivors(gen):
     _needs_kernels()
     head, w = _head(32000, 4096, gen)

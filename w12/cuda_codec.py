@@ -17,11 +17,11 @@ import threading
 
 import torch
 
-from . import cuda_ops, reference
+from . import cuda_ops, layouts, reference
 from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, get_layout
 from .weight import W12Weight
 
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _INT32_MAX = 2**31 - 1
 _BIND_LOCK = threading.Lock()
 _BOUND = False
@@ -46,6 +46,7 @@ _SIGNATURES = {
         _P,
     ],
     "w12_permute_records": [_P, _P, ctypes.c_int64, _P, _P],
+    "w12_decode_layout1": [_P, _P, _P, _P, _P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, _P, _P],
 }
 
 
@@ -264,26 +265,23 @@ def unpack(
     if rows >= _INT32_MAX or esc_col.numel() > _INT32_MAX:
         raise ValueError(f"{what}: {rows} rows / {esc_col.numel()} escapes exceed the int32 indexing of W12")
     with torch.cuda.device(dev):
-        if layout != 0:
-            records = convert_layout(records, layout, 0)
         out = torch.empty((*batch, n, k), dtype=torch.bfloat16, device=dev)
-        _launch(
-            what + (" (8-bit view)" if eight_bit else ""),
-            "w12_decode",
-            _ptr(records),
-            _ptr(base),
-            _ptr(esc_ptr),
-            _ptr(esc_col),
-            _ptr(esc_val),
-            esc_col.numel(),
-            mats,
-            n,
-            k,
-            int(bool(eight_bit)),
-            _ptr(out),
-            _stream(dev),
-            int(_variant),
-        )
+        direct = layout == layouts.MMA_SYNC_LAYOUT and not eight_bit  # the GEMM's layout decodes in place
+        if layout != 0 and not direct:
+            records = convert_layout(records, layout, 0)
+        common = (_ptr(records), _ptr(base), _ptr(esc_ptr), _ptr(esc_col), _ptr(esc_val), esc_col.numel(), mats, n, k)
+        if direct:  # the prefill fallback of w12.linear: no permutation back to layout 0 first
+            _launch(what, "w12_decode_layout1", *common, _ptr(out), _stream(dev))
+        else:
+            _launch(
+                what + (" (8-bit view)" if eight_bit else ""),
+                "w12_decode",
+                *common,
+                int(bool(eight_bit)),
+                _ptr(out),
+                _stream(dev),
+                int(_variant),
+            )
     return out
 
 

@@ -10,6 +10,7 @@ graph capture handles). One head's workspace serves one stream at a time.
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 
@@ -22,7 +23,7 @@ _ARGTYPES = {
         ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int,  # h, bf16, m, ldh, k
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,  # q, rowp, w
         ctypes.c_int, ctypes.c_int, ctypes.c_int,  # v, vpad, kpad
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,  # ws, ids, count, all, stream
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,  # ws, ids, count, flags, stream
     ],
     "w12_head_exact_scores": [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int,
@@ -108,6 +109,19 @@ def _rows(hx: torch.Tensor):
     return hx, 1 if hx.dtype == torch.bfloat16 else 0
 
 
+_FLAG_RESCORE_ALL, _FLAG_PDL, _FLAG_L2_256B = 1, 2, 4  # kernels_sm120/head_common.cuh
+_DIAG_NO_L2_HINT = 4  # W12_HEAD_DIAG bit: screen loads without the L2::256B hint (A/B timing only)
+
+
+def _pdl() -> bool:
+    """``W12_HEAD_PDL`` (default ``auto``): programmatic dependent launch of screen and rescore
+    (sm_90+; the library ignores it elsewhere). ``0`` turns it off."""
+    raw = os.environ.get("W12_HEAD_PDL", "auto")
+    if raw not in ("auto", "0", "1"):
+        raise ValueError(f"W12_HEAD_PDL={raw!r} must be auto, 0 or 1")
+    return raw != "0"
+
+
 def argmax(head, hx: torch.Tensor, rescore_all: bool = False):
     """ids int64 [M], survivors int64 [M] for hidden rows ``hx [M, K']`` (K' includes bias columns)."""
     st = state(head)
@@ -117,13 +131,22 @@ def argmax(head, hx: torch.Tensor, rescore_all: bool = False):
     cnt = torch.empty(m_all, dtype=torch.int32, device=hx.device)
     stream = ctypes.c_void_p(torch.cuda.current_stream(hx.device).cuda_stream)
     lib = _lib()
+    flags = (_FLAG_RESCORE_ALL if rescore_all else 0) | (_FLAG_PDL if _pdl() else 0)
+    # Whole 256-byte L2 fetches: measured +4-5 % on the screen's stream (docs/certified_head.md).
+    raw = os.environ.get("W12_HEAD_DIAG", "0")
+    try:
+        diag = int(raw)
+    except ValueError:
+        raise ValueError(f"W12_HEAD_DIAG={raw!r} is not an integer (bit 4: no L2::256B hint)") from None
+    if not diag & _DIAG_NO_L2_HINT:
+        flags |= _FLAG_L2_256B
     for r0 in range(0, m_all, MAX_M):
         m = min(MAX_M, m_all - r0)
         err = lib.w12_head_argmax(
             hx[r0].data_ptr(), bf16, m, hx.shape[1], st.k,
             st.q.data_ptr(), st.rowp.data_ptr(), st.w.data_ptr(),
             st.v, st.vpad, st.kpad,
-            st.ws_ptr, ids[r0].data_ptr(), cnt[r0].data_ptr(), int(rescore_all), stream,
+            st.ws_ptr, ids[r0].data_ptr(), cnt[r0].data_ptr(), flags, stream,
         )  # fmt: skip
         _check(err, "w12_head_argmax")
     return ids, cnt.to(torch.int64)
