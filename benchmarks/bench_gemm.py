@@ -170,15 +170,18 @@ def set_variant(var) -> None:
     os.environ["W12_GEMM_DIAG"], os.environ["W12_GEMM_KERNEL"] = str(var[2]), var[3]
 
 
-def graph_set_llama8b(gen, reps: int, variants, layers: int = 32) -> dict:
+def graph_set_llama8b(gen, reps: int, variants, layers: int = 32, layer=("qkv", "o", "gate_up", "down"), head=True):
     """One graph: all projections of ``layers`` Llama-3.1-8B layers + LM head at M=1.
+
+    ``layer`` / ``head`` change what one layer holds and whether the LM head ends the set
+    (``--graph-layer``: to find which transitions between kernels cost time).
 
     Timed for cuBLAS once and for every W12 variant (each sets its own environment: before this
     was per variant, the W12 figure silently measured whichever variant the shape loop ran last).
     ``ms_w12`` / ``ratio_w12_over_cublas`` are the first variant's; ``w12`` has them all.
     """
     dev = torch.device("cuda")
-    shapes = [LLAMA8B[p] for p in ("qkv", "o", "gate_up", "down")] * layers + [LLAMA8B["lm_head"]]
+    shapes = [LLAMA8B[p] for p in layer] * layers + ([LLAMA8B["lm_head"]] if head else [])
     xs = {k: torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16) for k in {s[1] for s in shapes}}
     wb = [(torch.randn(n, k, device=dev, generator=gen) * 0.02).to(torch.bfloat16) for n, k in shapes]
     t, _, _ = time_graph([lambda w=w: F.linear(xs[w.shape[1]], w) for w in wb], reps, launches_min=1)
@@ -225,10 +228,16 @@ def main(argv=None) -> int:
         "--diag",
         type=_ints,
         default=[0],
-        help="diagnostic kernel modes (1: no decode/MMA, 2: no reduction, 4: global reduction, 512: in-kernel reduction at M<=8; 1/2 give wrong output)",
+        help="W12_GEMM_DIAG values to try (1: no decode/MMA, 2: no reduction, 4: global reduction, 32: no PDL, "
+        "512: in-kernel reduction at M<=8; 1/2 give wrong output; README lists the rest)",
     )
     p.add_argument("--graph-set", choices=["llama8b"], default=None, help="also time the whole-model graph set")
     p.add_argument("--graph-only", action="store_true", help="only the --graph-set measurement")
+    p.add_argument(
+        "--graph-layer",
+        default="qkv,o,gate_up,down",
+        help="projections of one layer in the graph set; ending in ',-' drops the LM head (e.g. o,- or gate_up,down,-)",
+    )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check of each shape")
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "gemm_h200.json"), help="output JSON path")
     a = p.parse_args(argv)
@@ -280,10 +289,18 @@ def main(argv=None) -> int:
             print(f"{kern}: " + ", ".join(line) + f"; min over M<=64: {worst:.3f}")
     result = {"rows": rows}
     if a.graph_set:
-        gs = graph_set_llama8b(gen, max(5, a.reps // 3), variants)
+        layer = [v for v in a.graph_layer.split(",") if v]
+        head = layer[-1] != "-"
+        layer = [v for v in layer if v != "-"]
+        bad = [v for v in layer if v not in LLAMA8B or v == "lm_head"]
+        if bad or not layer:
+            p.error(f"--graph-layer {a.graph_layer!r}: names must be among qkv, o, gate_up, down")
+        gs = graph_set_llama8b(gen, max(5, a.reps // 3), variants, layer=tuple(layer), head=head)
+        gs["layer"], gs["head"] = layer, head
         for label, g in gs["w12"].items():
             print(
-                f"\n# graph set llama8b (M=1, {gs['launches']} launches): {label} {g['ms']:.3f} ms, "
+                f"\n# graph set {'+'.join(layer)}{' + lm_head' if head else ''} (M=1, {gs['launches']} launches): "
+                f"{label} {g['ms']:.3f} ms, "
                 f"cuBLAS {gs['ms_cublas']:.3f} ms, W12/cuBLAS = {g['ratio_w12_over_cublas']:.3f}"
             )
         result["graph_set_llama8b"] = gs

@@ -16,22 +16,23 @@
 extern "C" {
 
 // Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
-int w12_gemm_abi_version(void) { return 3; }
+int w12_gemm_abi_version(void) { return 4; }
 
 // The record layout the GEMM reads (registered as layout 1 in w12/layouts.py).
 int w12_gemm_record_layout(void) { return 1; }
 
-// Number of K slices the kernel uses for an (N, K) weight (a function of N, K, target_ctas only).
-int w12_gemm_splits(int n, int k, int target_ctas) { return w12::gemm_splits(n, k, target_ctas); }
+// Number of K slices the kernel uses for an (N, K) weight (a function of N, K, target_ctas and the
+// device's SM count only).
+int w12_gemm_splits(int n, int k, int target_ctas, int sms) { return w12::gemm_splits(n, k, target_ctas, sms); }
 
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).
 // kernel: 1 = v1 (fixed K-split, gemm_w12_mma_sm120.cu), 2 = v2 (stream-K, gemm_w12_streamk_sm120.cu),
 // 3 = v3 (row slabs, gemm_w12_slab_sm120.cu), 4 = v4 (wgmma, kernels_sm90/gemm_w12_wgmma_sm90.cu):
 // neither needs workspace or counters.
-int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int kernel) {
+int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, int kernel) {
   if (kernel == 3 || kernel == 4) return 0;
   if (kernel == 2) return static_cast<int64_t>(w12::gemm_sk_workspace_bytes(m, target_ctas));
-  return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas));
+  return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas, sms));
 }
 
 // Ints of zeroed counter/flag memory a call needs (zero on entry, left zero on exit).

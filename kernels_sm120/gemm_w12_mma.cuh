@@ -28,16 +28,20 @@ struct GemmArgs : GemmOperands {
   int target_ctas;          // grid size the K-split aims at (a function of the SM count only)
   int stages;               // v1: ring depth 3 or 4 (anything else: 3); v2: cap on the ring depth (0: as deep
                             // as shared memory allows, at most 16)
-  int flags = 0;            // diagnostics for benchmarks and tests: v3 only: 32 = no programmatic
-                            // dependent launch, 128 = its trigger after the main loop (timing only); v1: 1 = skip decode/MMA, 2 = skip the
-                            // reduction (1 and 2 give wrong output), 4 = global-memory reduction even
-                            // where clusters exist, 8 = 8-warp CTAs at M <= 16, 16 = cluster
-                            // reduction at M <= 8 too, 512 = the in-kernel ticket reduction at
-                            // M <= 8 instead of the PDL reduce kernel (4, 8, 16, 512 change no
-                            // bit of the result; bits 20+ are the launcher's own)
+  int flags = 0;            // diagnostics for benchmarks and tests (timing only unless said):
+                            // 32 = no programmatic dependent launch (v1 and v3; set by the
+                            // caller from W12_GEMM_PDL); v3: 128 = its trigger after the main
+                            // loop; v1: 1 = skip decode/MMA, 2 = skip the reduction (1 and 2 give
+                            // wrong output), 4 = global-memory reduction even where clusters
+                            // exist, 8 = 8-warp CTAs at M <= 16, 16 = cluster reduction at M <= 8
+                            // too, 512 = the in-kernel ticket reduction at M <= 8 instead of the
+                            // PDL reduce kernel; with PDL: 256 = trigger after the main loop,
+                            // 1024 = no L2 prefetch before the wait, 2048 = shared memory padded
+                            // to <= target_ctas / SMs CTAs per SM (reduce-kernel path), bits
+                            // 12..15 = records prefetched per CTA (0: 4). None changes a bit of
+                            // the result; bits 20+ are the launcher's own
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
-                            // v3 (gemm_slab_launch): bit 1 (stream only), 32 = no programmatic
-                            // dependent launch; v4 (gemm_wgmma_launch): 64 = decode overlapping the
+                            // v3 (gemm_slab_launch): bit 1 (stream only), 32 (above); v4 (gemm_wgmma_launch): 64 = decode overlapping the
                             // previous record's wgmma (same bits)
 };
 
@@ -53,8 +57,9 @@ inline cudaError_t gemm_check_args(const GemmArgs& a) {
 
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so
 // every output element is summed in the same order whatever M is.
-int gemm_splits(int N, int K, int target_ctas);
-size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas);
+// max_splits: a further cap below the rule's own (8), for kernels that need one.
+int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits = 8);
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms);
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream);
 // v2, persistent stream-K (gemm_w12_streamk_sm120.cu). The grid (target_ctas CTAs) fixes the
 // record ranges and so the summation order; M never does. workspace: gemm_sk_workspace_bytes();

@@ -10,7 +10,7 @@
 //   Every thread copies exactly the record bytes it later decodes, so the weights need no
 //   barrier; one __syncthreads per step covers the shared activation tile.
 //   Row data for the epilogue (base, escape ranges, bias) is loaded before the main loop.
-// - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs) only. Partial
+// - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs, SMs) only. Partial
 //   sums are added in slice order by one of three paths with identical bits: on sm_90+ the
 //   slices of a row tile reduce through a cluster's shared memory (M > 8) or store partials for
 //   a PDL-launched reduce kernel (M <= 8); elsewhere the last CTA of a row tile to arrive
@@ -25,6 +25,7 @@
 
 #include "gemm_w12_mma.cuh"
 #include "smxx_gemm_common.cuh"
+#include "smxx_launch.cuh"
 #include "smxx_pipe.cuh"
 #include "smxx_w12_decode.cuh"
 
@@ -33,18 +34,32 @@ namespace {
 
 constexpr int kRecordBytes = 12288;
 constexpr int kMaxTokens = 64;  // per launch; longer M is cut into 64-token chunks
+// K slices: at most 8, the largest portable cluster (the sm_90 reduction path at M > 8). Up to 16
+// for weights with few 128-row tiles (k/v [1024, 4096]: 8 tiles x 8 slices = 64 CTAs) was
+// measured: -2 us at M = 1, but 15-46 us instead of ~8 at M = 16-64, where more than 8 slices
+// must reduce through global memory (docs/perf-notes.md, session 5).
 constexpr int kMaxSplits = 8;
+constexpr int kMaxClusterSplits = 8;
 // KParams::flags bit set by the launcher (above the diagnostic bits): the slices only store their
 // partials and gemm_w12_reduce_kernel, launched behind the GEMM with PDL, sums them. A flag rather
 // than a field: a larger KParams tipped the 64-token instantiation into spilling.
 constexpr int kReduceKernel = 1 << 20;
+// Set by the launcher when the kernel is launched with programmatic dependent launch (sm_90+): it
+// may start while the previous kernel in the stream still runs. Before griddepcontrol.wait it only
+// pulls its first records into L2 (always safe, see bulk_prefetch_l2); everything else follows
+// the wait.
+constexpr int kPdl = 1 << 21;
+// Records per CTA prefetched into L2 before the wait (diagnostic bits 12..15 override it): enough
+// to cover the load latency of the first ring stages, little enough that the early CTAs of a
+// whole launch (~264 x 48 KB) stay far below the 50 MB L2 the running kernel streams through.
+constexpr int kPrefetchRecords = 4;
 
 struct KParams : GemmOperands {
   float4* ws;
   int* counters;
   int M, N, KT, S, kper;
   int64_t ldx, ldy;
-  int flags;    // GemmArgs::flags (diagnostics) | kReduceKernel
+  int flags;    // GemmArgs::flags (diagnostics) | kReduceKernel | kPdl | prefetch count << 12
   int cluster;  // 1: the S slices of a row tile form one thread-block cluster (sm_90+)
 };
 
@@ -172,11 +187,6 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   constexpr int kFrag = MTW * NCH;          // accumulator fragments per thread
   extern __shared__ __align__(128) uint8_t smem[];
 
-  // The reduce kernel's CTAs are tiny (no shared memory): let them be scheduled now and wait at
-  // griddepcontrol.wait, so the reduction starts the moment this grid's partials are flushed.
-  // (NCH == 1 only: the flag is never set above 8 tokens, and the 64-token instantiation spills
-  // if it has to keep the branch.)
-  if (NCH == 1 && (p.flags & kReduceKernel)) pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int rowq = MTW == 2 ? warp : warp >> 1;  // which 32-row quarter of the record
   const int mt0 = MTW == 2 ? 0 : warp & 1;       // first m-tile of this warp
@@ -184,6 +194,20 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   const int kt0 = split * p.kper;
   const int nrec = min(p.KT - kt0, p.kper);
   const uint8_t* rec0 = p.records + ((size_t)rowtile * p.KT + kt0) * kRecordBytes;
+  if (p.flags & kPdl) {
+    // Launched early behind the previous kernel: stream the first records into L2 while it
+    // finishes, then wait for it (activations, row data, workspace and output are its products
+    // or its inputs, so nothing else may be touched before).
+    const int d = (p.flags >> 12) & 15;
+    if (!(p.flags & 1024) && tid < min(nrec, d ? d : kPrefetchRecords))
+      bulk_prefetch_l2(rec0 + (size_t)tid * kRecordBytes, kRecordBytes);
+    pdl_wait();
+  }
+  // The reduce kernel's CTAs are tiny (no shared memory): let them be scheduled now and wait at
+  // griddepcontrol.wait, so the reduction starts the moment this grid's partials are flushed.
+  // After this grid's own wait on purpose: the reduce kernel reads row data and activations
+  // before its wait, which is safe only once every kernel before this one has completed.
+  if (NCH == 1 && (p.flags & kReduceKernel)) pdl_launch_dependents();
   const uint32_t sbase = smem_u32(smem);
   // Layout 1: vector q (= 2*mt + 0/1) of this lane at quarter*2048 + q*512 + lane*16 (hi) and
   // 8192 + quarter*1024 + q*256 + lane*8 (lo).
@@ -271,6 +295,8 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     }
   }
   cp_async_wait<0>();
+  // Diagnostic 256: let the next (PDL) launch start its prologue during this grid's reduction.
+  if (p.flags & 256) pdl_launch_dependents();
   if (NCH == 1 && !(p.flags & kReduceKernel)) load_escape_x<MTW>(rd, t, p);
 
 #if __CUDA_ARCH__ >= 900
@@ -383,107 +409,118 @@ __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KPa
   load_row_data<MTW>(rd, nbase, g, p);
   load_escape_x<MTW>(rd, t, p);  // x was complete before the GEMM started
   pdl_wait();
+  // Only now may the next GEMM start (it prefetches its first records into L2 and waits for this
+  // grid). Triggering at kernel start launched it while this GEMM was still streaming, and its
+  // prefetched lines were evicted again before use (measured: o 13.0 -> 14.7 us at M = 1).
+  pdl_launch_dependents();
   const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
-  float4 v[kMaxSplits][MTW];
+  // Slices in batches of 8 (all loads of a batch in flight at once), added in slice order.
+  constexpr int B = kMaxClusterSplits;
+  float acc[MTW][4];
+#pragma unroll 1
+  for (int s0 = 0; s0 < p.S; s0 += B) {
+    float4 v[B][MTW];
 #pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s)
+    for (int s = 0; s < B; ++s)
 #pragma unroll
-    for (int mt = 0; mt < MTW; ++mt)
-      if (s < p.S) v[s][mt] = __ldcg(tile + (size_t)s * (kFrag * kT) + mt * kT);
+      for (int mt = 0; mt < MTW; ++mt)
+        if (s0 + s < p.S) v[s][mt] = __ldcg(tile + (size_t)(s0 + s) * (kFrag * kT) + mt * kT);
 #pragma unroll
-  for (int mt = 0; mt < MTW; ++mt) {
-    float acc[4] = {v[0][mt].x, v[0][mt].y, v[0][mt].z, v[0][mt].w};
+    for (int s = 0; s < B; ++s)
 #pragma unroll
-    for (int s = 1; s < kMaxSplits; ++s)
-      if (s < p.S) {
-        acc[0] = __fadd_rn(acc[0], v[s][mt].x);
-        acc[1] = __fadd_rn(acc[1], v[s][mt].y);
-        acc[2] = __fadd_rn(acc[2], v[s][mt].z);
-        acc[3] = __fadd_rn(acc[3], v[s][mt].w);
-      }
-    store_fragment<1, MTW>(acc, nbase + 16 * mt, mt, 0, rd, p);
+      for (int mt = 0; mt < MTW; ++mt)
+        if (s0 + s < p.S) {
+          const float vv[4] = {v[s][mt].x, v[s][mt].y, v[s][mt].z, v[s][mt].w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[mt][i] = s0 + s == 0 ? vv[i] : __fadd_rn(acc[mt][i], vv[i]);
+        }
   }
+#pragma unroll
+  for (int mt = 0; mt < MTW; ++mt) store_fragment<1, MTW>(acc[mt], nbase + 16 * mt, mt, 0, rd, p);
 }
 
 template <int MTW>
 cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(tiles);
-  cfg.blockDim = dim3(256 / MTW);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_w12_reduce_kernel<MTW>, p);
-  return e != cudaSuccess ? e : cudaGetLastError();
+  return launch_ex(gemm_w12_reduce_kernel<MTW>, dim3(tiles), dim3(256 / MTW), 0, stream, 1, true, p);
 }
 
+// smem_min > 0 pads the CTA's shared memory to that many bytes, which caps how many CTAs of this
+// launch an SM can hold (see gemm_launch).
 template <int NCH, int STAGES, int MTW>
-cudaError_t launch_one(const KParams& p, int grid, cudaStream_t stream) {
-  constexpr int smem = STAGES * (kRecordBytes + NCH * 1024);
+cudaError_t launch_one(const KParams& p, int grid, int smem_min, int dev, cudaStream_t stream) {
+  const int smem = max(STAGES * (kRecordBytes + NCH * 1024), smem_min);
   constexpr int threads = 256 / MTW;
   auto kern = gemm_w12_mma_kernel<NCH, STAGES, MTW>;
-  // Raising the dynamic shared-memory limit is per device; once per (instantiation, device).
+  // Raising the dynamic shared-memory limit is per device; once per (instantiation, device, size).
   static int configured[64] = {0};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < 64 && !configured[dev]) {
-    err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (configured[dev] < smem) {
+    const cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    configured[dev] = 1;
+    configured[dev] = smem;
   }
-  if (!p.cluster) {
+  if (!p.cluster && !(p.flags & kPdl)) {
     kern<<<grid, threads, smem, stream>>>(p);
     return cudaGetLastError();
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = p.S;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kern, p);
+  return launch_ex(kern, dim3(grid), dim3(threads), smem, stream, p.cluster ? p.S : 1, (p.flags & kPdl) != 0, p);
 }
 
 template <int STAGES>
-cudaError_t launch_stages(const KParams& p, int grid, int tokens, cudaStream_t stream) {
+cudaError_t launch_stages(const KParams& p, int grid, int tokens, int smem_min, int dev, cudaStream_t stream) {
   // 4-warp CTAs by default; 8-warp CTAs (flag 8, M <= 16 only) were measured no faster
   // (docs/perf-notes.md). Identical results either way.
   const bool wide = (p.flags & 8) != 0;
-  if (tokens <= 8) return wide ? launch_one<1, STAGES, 1>(p, grid, stream) : launch_one<1, STAGES, 2>(p, grid, stream);
+  if (tokens <= 8) return wide ? launch_one<1, STAGES, 1>(p, grid, smem_min, dev, stream) : launch_one<1, STAGES, 2>(p, grid, smem_min, dev, stream);
   if (tokens <= 16)
-    return wide ? launch_one<2, STAGES, 1>(p, grid, stream) : launch_one<2, STAGES, 2>(p, grid, stream);
-  if (tokens <= 32) return launch_one<4, STAGES, 2>(p, grid, stream);
-  return launch_one<8, STAGES, 2>(p, grid, stream);
+    return wide ? launch_one<2, STAGES, 1>(p, grid, smem_min, dev, stream) : launch_one<2, STAGES, 2>(p, grid, smem_min, dev, stream);
+  if (tokens <= 32) return launch_one<4, STAGES, 2>(p, grid, smem_min, dev, stream);
+  return launch_one<8, STAGES, 2>(p, grid, smem_min, dev, stream);
 }
 
 int nchunks_for(int tokens) { return tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : 8; }
 
 }  // namespace
 
-int gemm_splits(int N, int K, int target_ctas) {
+int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits) {
   const int nt = (N + 127) / 128, kt = (K + 63) / 64;
   if (target_ctas < 1) target_ctas = 1;
-  int s = (target_ctas + nt - 1) / nt;
-  // At most 8 slices: the largest portable cluster (the sm_90 reduction path) and a bound on
-  // the partial-sum traffic at M = 64.
-  s = s < 1 ? 1 : (s > kt ? kt : s);
-  s = s > kMaxSplits ? kMaxSplits : s;
-  const int kper = (kt + s - 1) / s;
-  return (kt + kper - 1) / kper;  // no empty slices
+  if (sms < 1) sms = 1;
+  // At most kMaxSplits slices (see there), which also bounds the partial-sum traffic at M = 64.
+  int smax = kMaxSplits < max_splits ? kMaxSplits : max_splits;
+  smax = kt < smax ? kt : smax;
+  auto clamp = [&](int s) { return s < 1 ? 1 : (s > smax ? smax : s); };
+  auto no_empty = [&](int s) {
+    const int kper = (kt + s - 1) / s;
+    return (kt + kper - 1) / kper;
+  };
+  // Enough CTAs for ~target_ctas (the warps that keep records in flight on every SM)...
+  const int s_min = clamp((9 * target_ctas + 10 * nt - 1) / (10 * nt));
+  // ...then the slice count whose busiest SM streams the fewest records: a single wave of G =
+  // nt * S CTAs puts ceil(G / SMs) of them on some SM, each ceil(KT / S) records long (qkv
+  // [6144, 4096]: S = 6 gives 288 CTAs, 3 on 24 SMs, 33 records; S = 8 gives 24 -> measured
+  // 18.9 -> 16.0 us at M = 1). Only S that keep G <= 2 * target_ctas (one resident wave); the
+  // smallest within 5 % of the best, since every slice adds partial-sum traffic.
+  int best = s_min;
+  long best_cost = 0;
+  long costs[kMaxSplits + 1] = {0};
+  for (int s = s_min; s <= smax; ++s) {
+    const int se = no_empty(s);
+    if (s > s_min && (long)nt * se > 2L * target_ctas) break;
+    const long per_sm = ((long)nt * se + sms - 1) / sms;
+    costs[s] = per_sm * ((kt + se - 1) / se);
+    if (best_cost == 0 || costs[s] < best_cost) best_cost = costs[s];
+  }
+  for (int s = s_min; s <= smax; ++s)
+    if (costs[s] > 0 && 20 * costs[s] <= 21L * best_cost) {
+      best = s;
+      break;
+    }
+  return no_empty(best);
 }
 
-size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas) {
-  const int s = gemm_splits(N, K, target_ctas);
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms) {
+  const int s = gemm_splits(N, K, target_ctas, sms, kMaxSplits);
   if (s <= 1 || M <= 0) return 0;
   const int tokens = M < kMaxTokens ? M : kMaxTokens;
   const size_t nt = (N + 127) / 128;
@@ -494,17 +531,17 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
   if (cudaError_t e0 = gemm_check_args(a); e0 != cudaSuccess) return e0;
   if (a.M == 0) return cudaSuccess;
   const int nt = (a.N + 127) / 128, kt = (a.K + 63) / 64;
-  const int s = gemm_splits(a.N, a.K, a.target_ctas);
+  DevInfo di;
+  int dev = 0;
+  if (cudaError_t qerr = dev_info(di, dev); qerr != cudaSuccess) return qerr;
+  const int major = di.major;
+  const int s = gemm_splits(a.N, a.K, a.target_ctas, di.sms, kMaxSplits);
   const int kper = (kt + s - 1) / s;
   if (s > 1 && (a.workspace == nullptr || a.counters == nullptr)) return cudaErrorInvalidValue;  // sm_80 path
   // Cluster reduction where the GPU has clusters (sm_90+); the global ticket path elsewhere.
-  int dev = 0, major = 0;
-  cudaError_t qerr = cudaGetDevice(&dev);
-  if (qerr == cudaSuccess) qerr = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (qerr != cudaSuccess) return qerr;
   // Measured (docs/perf-notes.md): the cluster reduction wins from 16 tokens up, the global
   // one at <= 8 tokens. Both sum in the same order, so the choice does not change any bit.
-  const bool cluster_ok = s > 1 && major >= 9 && !(a.flags & 4);
+  const bool cluster_ok = s > 1 && s <= kMaxClusterSplits && major >= 9 && !(a.flags & 4);
   KParams p{};
   static_cast<GemmOperands&>(p) = a;
   p.ws = static_cast<float4*>(a.workspace);
@@ -526,11 +563,20 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     // Global-memory reduction (M <= 8 on sm_90+): a separate PDL-launched reduce kernel unless
     // diagnostic 512 asks for the in-kernel ticket path (same bits either way).
     const bool reduce_kernel = s > 1 && !p.cluster && tokens <= 8 && major >= 9 && !(a.flags & (2 | 512));
-    p.flags = reduce_kernel ? (a.flags | kReduceKernel) : a.flags;
+    // PDL on sm_90+ (sm_80 has none) unless diagnostic 32 (W12_GEMM_PDL=0) turns it off.
+    const bool pdl = major >= 9 && !(a.flags & 32);
+    p.flags = (reduce_kernel ? (a.flags | kReduceKernel) : a.flags) | (pdl ? kPdl : 0);
+    // Diagnostic 2048: with PDL the next GEMM's CTAs are placed while the reduce kernel's are
+    // still resident; pad shared memory so an SM holds at most target_ctas / SMs of them.
+    int smem_min = 0;
+    if (reduce_kernel && pdl && (a.flags & 2048)) {
+      const int cps = a.target_ctas / di.sms > 1 ? a.target_ctas / di.sms : 1;
+      smem_min = di.smem_sm / (cps + 1) + 1024;
+    }
     cudaError_t err;
     switch (a.stages) {
-      case 4: err = launch_stages<4>(p, nt * s, tokens, stream); break;
-      default: err = launch_stages<3>(p, nt * s, tokens, stream); break;
+      case 4: err = launch_stages<4>(p, nt * s, tokens, smem_min, dev, stream); break;
+      default: err = launch_stages<3>(p, nt * s, tokens, smem_min, dev, stream); break;
     }
     if (err != cudaSuccess) return err;
     if (reduce_kernel) {

@@ -27,6 +27,7 @@
 
 #include "gemm_w12_mma.cuh"
 #include "smxx_gemm_common.cuh"
+#include "smxx_launch.cuh"
 #include "smxx_pipe.cuh"
 #include "smxx_w12_decode.cuh"
 
@@ -301,21 +302,7 @@ cudaError_t launch_slab(SlabParams p, const DevInfo& d, int dev, int cps_req, in
     if (e != cudaSuccess) return e;
     configured[dev] = 1;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.G);
-  cfg.blockDim = dim3(G_::kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  if (pdl && d.major >= 9) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p);
-  if (e != cudaSuccess) return e;
-  return cudaGetLastError();
+  return launch_ex(kern, dim3(p.G), dim3(G_::kThreads), smem, stream, 1, pdl && d.major >= 9, p);
 }
 
 }  // namespace

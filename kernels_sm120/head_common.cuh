@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "smxx_launch.cuh"
+
 #define HEAD_MAX_M 32
 #define HEAD_KQ 64        // K granularity of the INT8 rows (one 64-byte chunk per lane group)
 #define HEAD_TILE_ROWS 16 // vocabulary rows per warp tile (mma m16)
@@ -72,19 +74,7 @@ cudaError_t w12h_launch_rescore(const uint16_t* w, int v, int vpad, int kpad, in
 // griddepcontrol.wait before it reads anything the previous kernel writes).
 template <typename... Params, typename... Args>
 cudaError_t head_launch(void (*kern)(Params...), dim3 grid, int threads, bool pdl, cudaStream_t st, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  if (pdl) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<Params>(args)...);
-  return e != cudaSuccess ? e : cudaGetLastError();
+  return w12::launch_ex(kern, grid, dim3(threads), 0, st, 1, pdl, args...);
 }
 cudaError_t w12h_launch_exact_all(const uint16_t* w, int v, int kpad, int m, const HeadWs& ws, float* out,
                                   cudaStream_t st);

@@ -29,6 +29,7 @@
 
 #include "gemm_w12_mma.cuh"
 #include "smxx_gemm_common.cuh"
+#include "smxx_launch.cuh"
 #include "smxx_w12_decode.cuh"
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -303,22 +304,7 @@ cudaError_t launch_w(const WParams& p, int grid, cudaStream_t stream) {
     if ((e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
     configured[dev] = 1;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  if (p.S > 1) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = p.S;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  if ((e = cudaLaunchKernelEx(&cfg, kern, p)) != cudaSuccess) return e;
-  return cudaGetLastError();
+  return launch_ex(kern, dim3(grid), dim3(kThreads), smem, stream, p.S, false, p);
 }
 
 // Self-test of the wgmma building blocks above, independent of the W12 decode: D[64x16] = A B^T
@@ -383,7 +369,11 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   static_cast<GemmOperands&>(p) = a;
   p.N = a.N;
   p.KT = kt;
-  p.S = gemm_splits(a.N, a.K, a.target_ctas);  // v1's rule: a function of N, K and the SM count
+  DevInfo di;
+  int dev = 0;
+  if ((e = dev_info(di, dev)) != cudaSuccess) return e;
+  // v1's rule (a function of N, K and the SM count), at most 8 slices: one portable cluster.
+  p.S = gemm_splits(a.N, a.K, a.target_ctas, di.sms, 8);
   p.kper = (kt + p.S - 1) / p.S;
   p.ldx = a.ldx;
   p.ldy = a.ldy;

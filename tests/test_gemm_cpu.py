@@ -222,40 +222,55 @@ def test_cuda_sources_compile(tmp_path):
     so.w12_gemm_splits.restype = ctypes.c_int
     assert so.w12_gemm_record_layout() == layouts.MMA_SYNC_LAYOUT
     # The split is a function of (N, K, target CTAs) only, covers K without empty slices.
-    for n, k in [(4096, 4096), (28672, 4096), (4096, 14336), (100, 70)]:
-        s = so.w12_gemm_splits(n, k, 264)
+    shapes = [(4096, 4096), (28672, 4096), (4096, 14336), (100, 70), (6144, 4096), (128256, 4096), (10240, 5120)]
+    for n, k in shapes + [(51200, 5120), (5120, 25600), (384, 1000), (8448, 1000), (130, 70), (256, 14336)]:
+        s = so.w12_gemm_splits(n, k, 264, 132)
+        assert s == _v1_splits(n, k, 264, 132), (n, k)
         kt = -(-k // 64)
         assert 1 <= s <= kt
         kper = -(-kt // s)
         assert (s - 1) * kper < kt
 
 
-def _v1_splits(n, k, target):
-    # The split formula of kernels_sm120/gemm_w12_mma_sm120.cu (gemm_splits), restated.
+def _v1_splits(n, k, target, sms):
+    # The split rule of kernels_sm120/gemm_w12_mma_sm120.cu (gemm_splits), restated: enough CTAs
+    # for ~target, then the S whose busiest SM streams the fewest records (one resident wave).
     nt, kt = -(-n // 128), -(-k // 64)
-    s = min(max(-(-target // nt), 1), kt, 8)
-    kper = -(-kt // s)
-    return -(-kt // kper)
+    smax = min(kt, 8)
+
+    def no_empty(s):
+        kper = -(-kt // s)
+        return -(-kt // kper)
+
+    s_min = min(max(-(-9 * target // (10 * nt)), 1), smax)
+    costs = {}
+    for s in range(s_min, smax + 1):
+        se = no_empty(s)
+        if s > s_min and nt * se > 2 * target:
+            break
+        costs[s] = -(-nt * se // sms) * -(-kt // se)
+    best = min(costs.values())
+    return no_empty(min(s for s, c in costs.items() if 20 * c <= 21 * best))
 
 
 def test_auto_kernel_rule_is_shape_only():
-    """W12_GEMM_KERNEL=auto: v2 exactly where the H200 measured it faster at M <= 32."""
+    """W12_GEMM_KERNEL=auto: v2 exactly where the H200 measured it faster at M = 1."""
     from w12.cuda_ops import choose_kernel
 
     want = {
         (6144, 4096): 1,
         (4096, 4096): 1,
-        (28672, 4096): 2,
+        (28672, 4096): 1,
         (4096, 14336): 1,
         (128256, 4096): 1,
         (10240, 5120): 1,
         (51200, 5120): 2,
-        (5120, 25600): 2,
+        (5120, 25600): 1,  # v1's balanced split (S = 6, 240 CTAs) leaves no imbalance for v2 to fix
     }
     for (n, k), kern in want.items():
-        assert choose_kernel(n, k, 132, 2, _v1_splits(n, k, 264)) == kern, (n, k)
+        assert choose_kernel(n, k, 132, 2, _v1_splits(n, k, 264, 132)) == kern, (n, k)
     # Tiny weights never take the persistent kernel.
-    assert choose_kernel(128, 64, 132, 2, _v1_splits(128, 64, 264)) == 1
+    assert choose_kernel(128, 64, 132, 2, _v1_splits(128, 64, 264, 132)) == 1
 
 
 def test_wgmma_activation_tile_follows_layout1_k_order():

@@ -158,17 +158,25 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
 
 @pytest.mark.parametrize("m", [1, 3, 16, 37])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000)])
-@pytest.mark.parametrize("variant", ["4", "8", "16", "24", "512", "520"])
+@pytest.mark.parametrize(
+    "variant", ["4", "8", "16", "24", "512", "520", "pdl", "pdl:256", "pdl:1024", "pdl:2048", "pdl:8192", "pdl:61440"]
+)
 def test_kernel_variants_agree(n, k, m, variant, monkeypatch):
     # Reduction through a thread-block cluster (sm_90+, M > 8) or global memory (4: forced),
     # 4-warp or 8-warp CTAs (8: 8-warp at M <= 16), cluster also at M <= 8 (16), the in-kernel
-    # ticket reduction instead of the PDL reduce kernel at M <= 8 (512): every variant adds the
-    # same products in the same order, so all must give the same bits. (v1 only.)
+    # ticket reduction instead of the PDL reduce kernel at M <= 8 (512); programmatic dependent
+    # launch of the GEMM itself (W12_GEMM_PDL=1) with its trigger after the main loop (256), no
+    # L2 prefetch before the wait (1024), padded shared memory (2048), 2 or 15 records prefetched
+    # (8192, 61440): every variant adds the same products in the same order, so all must give the
+    # same bits. (v1 only.)
     monkeypatch.setenv("W12_GEMM_KERNEL", "v1")
     gen = torch.Generator().manual_seed(21)
     w = w12.pack(_weight(n, k, gen, spread=False)).to(DEV).with_layout(1)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
     a = w12.linear(x, w).view(torch.int16)
+    if variant.startswith("pdl"):
+        monkeypatch.setenv("W12_GEMM_PDL", "1")
+        variant = variant[4:] or "0"
     monkeypatch.setenv("W12_GEMM_DIAG", variant)
     b = w12.linear(x, w).view(torch.int16)
     assert torch.equal(a, b)
@@ -373,24 +381,28 @@ def test_v3_variants_change_no_bit(n, k, m, monkeypatch):
     assert torch.equal(w12.linear(x, w).view(torch.int16), a), "one CTA per SM changed the result"
 
 
+@pytest.mark.parametrize("pdl", ["auto", "1"])
+@pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_back_to_back_in_a_graph(kernel, monkeypatch):
-    # A chain where each GEMM consumes the previous output, in a graph and eagerly. Under v3's
-    # programmatic dependent launch each launch may start before the previous one ends and
-    # streams weights before griddepcontrol.wait: it must still see finished inputs.
+def test_back_to_back_in_a_graph(kernel, m, pdl, monkeypatch):
+    # A chain where each GEMM consumes the previous output, in a graph and eagerly. Under
+    # programmatic dependent launch (v1: GEMM -> reduce kernel -> next GEMM at M <= 8, cluster
+    # GEMMs back to back at M = 16; v3) each launch may start before the previous one ends and
+    # prefetches weights before griddepcontrol.wait: it must still see finished inputs.
     monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
+    monkeypatch.setenv("W12_GEMM_PDL", pdl)
     gen = torch.Generator().manual_seed(101)
     ws = [w12.pack(_weight(1024, 1024, gen, spread=False) * 0.03).to(DEV).with_layout(1) for _ in range(6)]
-    x0 = torch.randn(3, 1024, generator=gen).to(torch.bfloat16).to(DEV)
+    x0 = torch.randn(m, 1024, generator=gen).to(torch.bfloat16).to(DEV)
 
     def chain(x):
         for w in ws:
             x = w12.linear(x, w)
         return x
 
-    monkeypatch.setenv("W12_GEMM_DIAG", "32")
+    monkeypatch.setenv("W12_GEMM_PDL", "0")
     ref = chain(x0).view(torch.int16).clone()
-    monkeypatch.setenv("W12_GEMM_DIAG", "0")
+    monkeypatch.setenv("W12_GEMM_PDL", pdl)
     assert torch.equal(chain(x0).view(torch.int16), ref)
     static_x = x0.clone()
     s = torch.cuda.Stream()

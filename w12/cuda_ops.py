@@ -21,8 +21,9 @@ Settings (environment, read on each call):
   ``W12_GEMM_FALLBACK_M`` (default 64): above this many token rows the op decodes the weight
       and calls cuBLAS instead of running the fused kernel in 64-row passes (the kernel's
       determinism across M holds for M up to this value).
-  ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch of v3 (sm_90+): ``auto`` and
-      ``1`` = on, ``0`` = off. Timing only: the bits never change. (v1/v2 never use it.)
+  ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3 and v1:
+      ``auto`` = v3 only (what measured faster), ``1`` = both, ``0`` = neither. Timing only: the
+      bits never change. (v2/v4 never use it.)
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); 1 and 2 skip work and give wrong results on purpose.
 """
@@ -44,7 +45,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 3
+_GEMM_ABI = 4
 
 
 def library_path() -> Path:
@@ -109,11 +110,11 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm.argtypes = [_VP, _I64, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _I64, _INT, _INT, _INT, _VP, _VP]
     so.w12_gemm.argtypes += [_INT, _INT, _INT, _INT, _VP]
     so.w12_gemm_workspace_bytes.restype = _I64
-    so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT, _INT]
+    so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_counters.restype = _INT
     so.w12_gemm_counters.argtypes = [_INT, _INT, _INT, _INT]
     so.w12_gemm_splits.restype = _INT
-    so.w12_gemm_splits.argtypes = [_INT, _INT, _INT]
+    so.w12_gemm_splits.argtypes = [_INT, _INT, _INT, _INT]
     so.w12_gemm_check_device.restype = _INT
     so.w12_gemm_counters_buffer.restype = _VP
     so.w12_gemm_counters_buffer.argtypes = [_INT, _VP, _INT, ctypes.POINTER(_INT)]
@@ -160,6 +161,8 @@ def _env_int(name: str, default: int, allowed=None) -> int:
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
     if allowed is not None and val not in allowed:
+        if isinstance(allowed, range):
+            raise ValueError(f"{name}={val} must be in {allowed.start}..{allowed.stop - 1}")
         raise ValueError(f"{name}={val} must be one of {sorted(allowed)}")
     if allowed is None and val < 1:
         raise ValueError(f"{name}={val} must be >= 1")
@@ -180,15 +183,17 @@ def choose_kernel(n: int, k: int, sms: int, ctas_per_sm: int, v1_splits: int) ->
     v2 pays a fixed cost per launch and per split tile (its owner's fix-up), and wins where v1
     leaves SMs idle: v1 runs ``NT * v1_splits`` CTAs, all resident at once, so the SMs holding
     ceil(grid / SMs) CTAs set its time. Measured on the H200 (docs/perf-notes.md, final run):
-    v2 was faster at M <= 32 exactly on the shapes with >= 48 records per persistent CTA and a
-    v1 imbalance >= 1.15 (gate_up, 32B [51200, 5120] and [5120, 25600]) and slower or equal on
-    the other five. Never a function of M: the bits of a row stay the same for every M.
+    v2 is faster where it has >= 48 records per persistent CTA and v1's single wave is badly
+    imbalanced: 32B [51200, 5120] (v1 imbalance 1.32: 106 vs 125 us at M = 1). gate_up (1.18)
+    went back to v1 in session 5: v1 53.8 vs v2 56.3 us at M = 1 and 3.86 vs 4.01 ms for the
+    decode-step graph set, though v2 stays ahead at M = 16/32. Never a function of M: the bits of
+    a row stay the same for every M.
     """
     nt, kt = ceil_div(n, TILE_N), ceil_div(k, TILE_K)
     per_cta = nt * kt / (sms * ctas_per_sm)
     grid1 = nt * v1_splits
     imbalance = ceil_div(grid1, sms) / (grid1 / sms)
-    return 2 if per_cta >= 48 and imbalance >= 1.15 else 1
+    return 2 if per_cta >= 48 and imbalance >= 1.25 else 1
 
 
 def kernel_version(n: int | None = None, k: int | None = None, device="cuda") -> int:
@@ -210,25 +215,26 @@ def kernel_version(n: int | None = None, k: int | None = None, device="cuda") ->
             raise ValueError("W12_GEMM_KERNEL=auto chooses per weight shape: pass n and k")
         sms = _check_device(torch.device(device))
         cps = _env_int("W12_GEMM_CTAS_PER_SM", 2)
-        return choose_kernel(n, k, sms, cps, int(_gemm_lib().w12_gemm_splits(n, k, sms * cps)))
+        return choose_kernel(n, k, sms, cps, int(_gemm_lib().w12_gemm_splits(n, k, sms * cps, sms)))
     return _KERNELS[raw]
 
 
-def _pdl() -> bool:
-    """Programmatic dependent launch for v3: ``W12_GEMM_PDL`` auto (default) / 1 = on, 0 = off.
+def _pdl(kver: int) -> bool:
+    """Programmatic dependent launch of the GEMM: ``W12_GEMM_PDL`` auto (default) / 1 = on, 0 = off.
 
-    Measured on the H200 (docs/perf-notes.md): v3 gains from it. v1 lost with it (the waiting CTAs
-    of the next launch hold SM slots) and no longer has the code; v2 never did.
+    ``auto`` is what the H200 measured faster (docs/perf-notes.md): on for v3; off for v1, whose
+    PDL launch (records prefetched into L2 before griddepcontrol.wait) gains on chains of one
+    shape but loses 4-9 % on the mixed chain of a decode step. v2 and v4 have none.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
     if raw not in ("auto", "0", "1"):
         raise ValueError(f"W12_GEMM_PDL={raw!r} must be auto, 0 or 1")
-    return raw != "0"
+    return raw == "1" or (raw == "auto" and kver == 3)
 
 
 def splits(n: int, k: int, device="cuda") -> int:
     """Number of K slices the v1 GEMM uses for an (N, K) weight on ``device`` (independent of M)."""
-    return int(_gemm_lib().w12_gemm_splits(n, k, target_ctas(device)))
+    return int(_gemm_lib().w12_gemm_splits(n, k, target_ctas(device), _check_device(torch.device(device))))
 
 
 # Ticket counters of the K-split reduction: zero between calls (each call leaves them zero), one
@@ -369,12 +375,12 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     tgt = sm * _env_int("W12_GEMM_CTAS_PER_SM", 2)
     stages = _env_int("W12_GEMM_STAGES", 0, allowed={0, *range(2, 17)})
     kver = kernel_version(n, k, device)
-    ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt, kver))
+    ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt, sm, kver))
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     stream = torch.cuda.current_stream(device)
     counters = _counters(device, stream, int(so.w12_gemm_counters(n, k, tgt, kver))) if ws_bytes else None
-    flags = _env_int("W12_GEMM_DIAG", 0, allowed=set(range(1024))) if "W12_GEMM_DIAG" in os.environ else 0
-    if not _pdl() and kver == 3:  # read (and checked) on every call; only v3 uses the bit
+    flags = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 16)) if "W12_GEMM_DIAG" in os.environ else 0
+    if not _pdl(kver):  # read (and checked) on every call; v1 and v3 use the bit
         flags |= 32
     code = so.w12_gemm(
         x2.data_ptr(),
