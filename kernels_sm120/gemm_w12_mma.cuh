@@ -57,8 +57,9 @@ inline cudaError_t gemm_check_args(const GemmArgs& a) {
 
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so
 // every output element is summed in the same order whatever M is.
-// max_splits: a further cap below the rule's own (8), for kernels that need one.
-int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits = 8);
+// max_splits: a further cap below the rule's own (16 for few-tile weights, else 8), for kernels
+// that need one (v4 reduces in a portable cluster: 8).
+int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits = 16);
 size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms);
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream);
 // v2, persistent stream-K (gemm_w12_streamk_sm120.cu). The grid (target_ctas CTAs) fixes the

@@ -12,8 +12,8 @@
 //   Row data for the epilogue (base, escape ranges, bias) is loaded before the main loop.
 // - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs, SMs) only. Partial
 //   sums are added in slice order by one of three paths with identical bits: on sm_90+ the
-//   slices of a row tile reduce through a cluster's shared memory (M > 8) or store partials for
-//   a PDL-launched reduce kernel (M <= 8); elsewhere the last CTA of a row tile to arrive
+//   slices store partials for a PDL-launched reduce kernel (or, diagnostic 65536, reduce through
+//   a cluster's shared memory above 8 tokens); elsewhere the last CTA of a row tile to arrive
 //   (atomic ticket) adds them. Every output element is therefore summed in one fixed order that does
 //   not depend on M or on which CTA finishes last: results are deterministic and row i of y has
 //   the same bits whatever M is.
@@ -34,11 +34,12 @@ namespace {
 
 constexpr int kRecordBytes = 12288;
 constexpr int kMaxTokens = 64;  // per launch; longer M is cut into 64-token chunks
-// K slices: at most 8, the largest portable cluster (the sm_90 reduction path at M > 8). Up to 16
-// for weights with few 128-row tiles (k/v [1024, 4096]: 8 tiles x 8 slices = 64 CTAs) was
-// measured: -2 us at M = 1, but 15-46 us instead of ~8 at M = 16-64, where more than 8 slices
-// must reduce through global memory (docs/perf-notes.md, session 5).
-constexpr int kMaxSplits = 8;
+// K slices: at most 8 where 8 already give ~target CTAs; up to 16 for weights with so few 128-row
+// tiles that 8 slices would leave most SMs idle (k/v projections [1024, 4096]: 8 tiles x 8 = 64
+// CTAs; 16 slices measured -2 us at M = 1, docs/perf-notes.md session 5). Possible at every M
+// because the reduce kernel, not a thread-block cluster (at most 8), sums the slices on sm_90+;
+// on sm_80 the in-kernel ticket path handles any count.
+constexpr int kMaxSplits = 16;
 constexpr int kMaxClusterSplits = 8;
 // KParams::flags bit set by the launcher (above the diagnostic bits): the slices only store their
 // partials and gemm_w12_reduce_kernel, launched behind the GEMM with PDL, sums them. A flag rather
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   // griddepcontrol.wait, so the reduction starts the moment this grid's partials are flushed.
   // After this grid's own wait on purpose: the reduce kernel reads row data and activations
   // before its wait, which is safe only once every kernel before this one has completed.
-  if (NCH == 1 && (p.flags & kReduceKernel)) pdl_launch_dependents();
+  if (p.flags & kReduceKernel) pdl_launch_dependents();
   const uint32_t sbase = smem_u32(smem);
   // Layout 1: vector q (= 2*mt + 0/1) of this lane at quarter*2048 + q*512 + lane*16 (hi) and
   // 8192 + quarter*1024 + q*256 + lane*8 (lo).
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   }
 
   RowData rd;
-  if (NCH > 1 || !(p.flags & kReduceKernel)) load_row_data<MTW>(rd, nbase, g, p);
+  if (!(p.flags & kReduceKernel)) load_row_data<MTW>(rd, nbase, g, p);
 
   for (int i = 0; i < nrec; ++i) {
     cp_async_wait<STAGES - 2>();
@@ -342,7 +343,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
       for (int j = 0; j < NCH; ++j)
         mine[(mt * NCH + j) * kT] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
     if (p.flags & 2) return;  // diagnostic: no cross-CTA reduction (output incomplete)
-    if (NCH == 1 && (p.flags & kReduceKernel)) return;
+    if (p.flags & kReduceKernel) return;
     __threadfence();
     __syncthreads();
     __shared__ int s_last;
@@ -392,29 +393,30 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     for (int j = 0; j < NCH; ++j) store_fragment<NCH, MTW>(acc[mt][j], nbase + 16 * mt, mt, j, rd, p);
 }
 
-// The cross-CTA reduction at M <= 8 as its own kernel, one CTA per row tile with the GEMM CTA's
-// thread -> fragment map, launched with programmatic dependent launch behind the GEMM. Row data
-// and the escapes' activations are loaded before griddepcontrol.wait (they do not depend on the
-// GEMM); after it, every slice's partial is fetched at once and summed in slice order 0..S-1,
-// the same adds as the in-kernel path, so the bits are those of every other path. This takes the
-// in-kernel chain (fence, ticket, 1-2 partial round trips, epilogue loads) off the critical tail.
-template <int MTW>
+// The cross-CTA reduction as its own kernel (sm_90+, every M unless diagnostic 65536 asks for the
+// cluster path above 8 tokens): one CTA per (row tile, 8-token chunk) with the GEMM CTA's thread
+// -> fragment map, launched with programmatic dependent launch behind the GEMM. Row data and (at
+// M <= 8) the escapes' activations are loaded before griddepcontrol.wait (they do not depend on
+// the GEMM); after it, the slices' partials are fetched 8 at a time and summed in slice order
+// 0..S-1, the same adds as every other path, so the bits are the same. This takes the in-kernel
+// chain (fence, ticket, 1-2 partial round trips, epilogue loads) or the cluster barriers off the
+// critical tail, and lifts the cluster's limit of 8 slices.
+template <int NCH, int MTW>
 __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KParams p) {
-  constexpr int kT = 256 / MTW, kFrag = MTW;  // one token chunk
+  constexpr int kT = 256 / MTW, kFrag = MTW * NCH;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int rowq = MTW == 2 ? warp : warp >> 1, mt0 = MTW == 2 ? 0 : warp & 1;
-  const int rowtile = blockIdx.x;
+  const int rowtile = blockIdx.x, j = blockIdx.y;  // token chunk j: tokens 8j .. 8j+7
   const int nbase = rowtile * 128 + rowq * 32 + mt0 * 16;
   RowData rd;
   load_row_data<MTW>(rd, nbase, g, p);
-  load_escape_x<MTW>(rd, t, p);  // x was complete before the GEMM started
+  if (NCH == 1) load_escape_x<MTW>(rd, t, p);  // x was complete before the GEMM started
   pdl_wait();
   // Only now may the next GEMM start (it prefetches its first records into L2 and waits for this
   // grid). Triggering at kernel start launched it while this GEMM was still streaming, and its
   // prefetched lines were evicted again before use (measured: o 13.0 -> 14.7 us at M = 1).
   pdl_launch_dependents();
   const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
-  // Slices in batches of 8 (all loads of a batch in flight at once), added in slice order.
   constexpr int B = kMaxClusterSplits;
   float acc[MTW][4];
 #pragma unroll 1
@@ -424,7 +426,7 @@ __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KPa
     for (int s = 0; s < B; ++s)
 #pragma unroll
       for (int mt = 0; mt < MTW; ++mt)
-        if (s0 + s < p.S) v[s][mt] = __ldcg(tile + (size_t)(s0 + s) * (kFrag * kT) + mt * kT);
+        if (s0 + s < p.S) v[s][mt] = __ldcg(tile + (size_t)(s0 + s) * (kFrag * kT) + (mt * NCH + j) * kT);
 #pragma unroll
     for (int s = 0; s < B; ++s)
 #pragma unroll
@@ -436,16 +438,21 @@ __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KPa
         }
   }
 #pragma unroll
-  for (int mt = 0; mt < MTW; ++mt) store_fragment<1, MTW>(acc[mt], nbase + 16 * mt, mt, 0, rd, p);
+  for (int mt = 0; mt < MTW; ++mt) store_fragment<NCH, MTW>(acc[mt], nbase + 16 * mt, mt, j, rd, p);
 }
 
-template <int MTW>
+template <int NCH, int MTW>
 cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
-  return launch_ex(gemm_w12_reduce_kernel<MTW>, dim3(tiles), dim3(256 / MTW), 0, stream, 1, true, p);
+  return launch_ex(gemm_w12_reduce_kernel<NCH, MTW>, dim3(tiles, NCH), dim3(256 / MTW), 0, stream, 1, true, p);
 }
 
-// smem_min > 0 pads the CTA's shared memory to that many bytes, which caps how many CTAs of this
-// launch an SM can hold (see gemm_launch).
+cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, bool wide, cudaStream_t stream) {
+  if (tokens <= 8) return wide ? launch_reduce<1, 1>(p, tiles, stream) : launch_reduce<1, 2>(p, tiles, stream);
+  if (tokens <= 16) return wide ? launch_reduce<2, 1>(p, tiles, stream) : launch_reduce<2, 2>(p, tiles, stream);
+  if (tokens <= 32) return launch_reduce<4, 2>(p, tiles, stream);
+  return launch_reduce<8, 2>(p, tiles, stream);
+}
+
 template <int NCH, int STAGES, int MTW>
 cudaError_t launch_one(const KParams& p, int grid, int smem_min, int dev, cudaStream_t stream) {
   const int smem = max(STAGES * (kRecordBytes + NCH * 1024), smem_min);
@@ -486,8 +493,10 @@ int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits) {
   const int nt = (N + 127) / 128, kt = (K + 63) / 64;
   if (target_ctas < 1) target_ctas = 1;
   if (sms < 1) sms = 1;
-  // At most kMaxSplits slices (see there), which also bounds the partial-sum traffic at M = 64.
-  int smax = kMaxSplits < max_splits ? kMaxSplits : max_splits;
+  // At most 8 slices, 16 for few-tile weights (kMaxSplits above); this also bounds the
+  // partial-sum traffic at M = 64.
+  int smax = 10L * nt * kMaxClusterSplits < 9L * target_ctas ? kMaxSplits : kMaxClusterSplits;
+  smax = smax < max_splits ? smax : max_splits;
   smax = kt < smax ? kt : smax;
   auto clamp = [&](int s) { return s < 1 ? 1 : (s > smax ? smax : s); };
   auto no_empty = [&](int s) {
@@ -559,10 +568,12 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     p.x = a.x + (int64_t)m0 * a.ldx;
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
-    p.cluster = (cluster_ok && (tokens > 8 || (a.flags & 16))) ? 1 : 0;
-    // Global-memory reduction (M <= 8 on sm_90+): a separate PDL-launched reduce kernel unless
-    // diagnostic 512 asks for the in-kernel ticket path (same bits either way).
-    const bool reduce_kernel = s > 1 && !p.cluster && tokens <= 8 && major >= 9 && !(a.flags & (2 | 512));
+    // Diagnostic 65536: the thread-block cluster reduction above 8 tokens (the default before the
+    // reduce kernel served every M); 16: also at M <= 8. Neither where S > 8.
+    p.cluster = (cluster_ok && ((tokens > 8 && (a.flags & 65536)) || (a.flags & 16))) ? 1 : 0;
+    // Otherwise on sm_90+ a separate PDL-launched reduce kernel unless diagnostic 512 asks for the
+    // in-kernel ticket path (same bits either way).
+    const bool reduce_kernel = s > 1 && !p.cluster && major >= 9 && !(a.flags & (2 | 512));
     // PDL on sm_90+ (sm_80 has none) unless diagnostic 32 (W12_GEMM_PDL=0) turns it off.
     const bool pdl = major >= 9 && !(a.flags & 32);
     p.flags = (reduce_kernel ? (a.flags | kReduceKernel) : a.flags) | (pdl ? kPdl : 0);
@@ -580,7 +591,7 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     }
     if (err != cudaSuccess) return err;
     if (reduce_kernel) {
-      err = (a.flags & 8) ? launch_reduce<1>(p, nt, stream) : launch_reduce<2>(p, nt, stream);
+      err = launch_reduce_for(p, nt, tokens, (a.flags & 8) != 0, stream);
       if (err != cudaSuccess) return err;
     }
   }

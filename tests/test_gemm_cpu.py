@@ -236,7 +236,7 @@ def _v1_splits(n, k, target, sms):
     # The split rule of kernels_sm120/gemm_w12_mma_sm120.cu (gemm_splits), restated: enough CTAs
     # for ~target, then the S whose busiest SM streams the fewest records (one resident wave).
     nt, kt = -(-n // 128), -(-k // 64)
-    smax = min(kt, 8)
+    smax = min(kt, 16 if 10 * nt * 8 < 9 * target else 8)
 
     def no_empty(s):
         kper = -(-kt // s)
