@@ -1,8 +1,17 @@
 """End-to-end decode speed of W12 vs BF16 in Hugging Face Transformers (static cache, CUDA graphs).
 
-One Llama-3.1-8B-configured model with random BF16 weights (std 0.02) is measured as BF16, then
-patched in place with ``w12.patch`` and measured again, so both sides hold the same weights and
-run the same code except the linear layers. For each batch size:
+One Llama-3.1-8B-configured model with random BF16 weights (std 0.02) is measured as each side of
+``--sides`` (default ``bf16,bf16_fused,w12``), converted in place from one side to the next, so all
+sides hold the same weights and run the same code except the linear layers:
+
+* ``bf16``: the stock Transformers model (q/k/v and gate/up as five GEMMs per layer);
+* ``bf16_fused``: the same after ``w12.fuse_projections`` (one GEMM for q/k/v, one for gate/up):
+  the fair BF16 baseline for the fused W12 model;
+* ``w12_unfused``: ``w12.patch(model, fuse=False)``;
+* ``w12``: ``w12.patch(model)`` as users call it (fused). ``speedup`` is W12 over stock BF16,
+  ``speedup_vs_bf16_fused`` W12 over fused BF16.
+
+For each batch size and side:
 
 * ``step_ms`` (the headline): one greedy decode step (forward + argmax) compiled with
   ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) on a ``StaticCache``, timed over
@@ -14,7 +23,7 @@ run the same code except the linear layers. For each batch size:
 * ``generate()`` as users call it (batch 1): ``model.generate(..., cache_implementation="static")``,
   which compiles the decode step itself; wall time of prefill + all new tokens.
 
-Memory: weight bytes of both sides, and how many more KV-cache tokens fit in the same GPU memory
+Memory: weight bytes of BF16 and W12 (fusion adds none), and how many more KV-cache tokens fit in the same GPU memory
 (the budget is ``--mem-fraction`` of the device minus the weights; activations are ignored).
 
 ``--smoke`` runs a tiny config on the CPU (eager, no graphs) to check the script end to end.
@@ -39,9 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _configs, also when 
 from _configs import HF_CONFIGS  # noqa: E402
 
 LLAMA_8B = {k: v for k, v in HF_CONFIGS["llama-3.1-8b"].items() if k != "family"}
-SMOKE = dict(
-    hidden_size=128,
-    intermediate_size=256,
+SMOKE = dict(  # head_dim 64: k/v fill whole 128-row W12 tiles, so q/k/v fuse as in the real config
+    hidden_size=256,
+    intermediate_size=512,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
@@ -301,11 +310,116 @@ def kv_bytes_per_token(config) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 2
 
 
+# Measured in this order whatever --sides says: each side converts the one model in place from the
+# previous one (same weights throughout; one model's memory on the GPU at a time).
+SIDES = ("bf16", "bf16_fused", "w12_unfused", "w12")
+SIDE_NAMES = {"bf16": "BF16", "bf16_fused": "BF16 fused", "w12_unfused": "W12 unfused", "w12": "W12"}
+
+
+def convert_to(model, side: str, device, info: dict) -> None:
+    """Turns the model into ``side`` in place (see SIDES); records the seconds spent in ``info``."""
+    import w12
+
+    sync(device)
+    t = time.perf_counter()
+    if side == "bf16_fused":
+        info["fused_groups"][side] = w12.fuse_projections(model)
+        info["fuse_seconds"][side] = time.perf_counter() - t
+    elif side == "w12_unfused" or (side == "w12" and not hasattr(model, "w12_report")):
+        w12.patch(model, progress=True, fuse=side == "w12")  # patch unfuses BF16 groups before converting
+        sync(device)
+        info["patch_seconds"] = time.perf_counter() - t
+        info["fused_groups"][side] = model.w12_report.fused_groups
+        log(f"w12.patch: {info['patch_seconds']:.1f} s; {model.w12_report.summary().splitlines()[0]}")
+    elif side == "w12":  # already patched without fusion
+        info["fused_groups"][side] = w12.fuse_projections(model, bf16=False)
+        sync(device)
+        info["fuse_seconds"][side] = time.perf_counter() - t
+    if side != "bf16":
+        log(f"{side}: {info['fused_groups'][side]} fused projection groups")
+
+
+def first_divergence(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def ratio(a, b):
+    return None if a is None or b is None else a / b
+
+
+def build_rows(args, res: dict, wb: dict) -> list[dict]:
+    def get(side, batch, key):
+        return res[side][batch][key] if side in res else None
+
+    wb_w12 = wb.get("w12", wb.get("w12_unfused"))
+    rows = []
+    for b in args.batches:
+        tok = {s: get(s, b, "tok_s") for s in SIDES}
+        toks = {s: get(s, b, "tokens") for s in SIDES}
+        row = {
+            "batch": b,
+            "tok_s_w12": tok["w12"],
+            "tok_s_bf16": tok["bf16"],
+            "speedup": ratio(tok["w12"], tok["bf16"]),  # W12 (fused, as w12.patch leaves it) over stock BF16
+            "weight_gb_w12": None if wb_w12 is None else wb_w12 / 1e9,
+            "weight_gb_bf16": wb["bf16"] / 1e9,
+            "tok_s_bf16_fused": tok["bf16_fused"],
+            "speedup_vs_bf16_fused": ratio(tok["w12"], tok["bf16_fused"]),
+        }
+        if "w12_unfused" in res:
+            row["tok_s_w12_unfused"] = tok["w12_unfused"]
+            row["speedup_w12_unfused"] = ratio(tok["w12_unfused"], tok["bf16"])
+            row["fusion_gain_w12"] = ratio(tok["w12"], tok["w12_unfused"])
+        if "bf16_fused" in res:
+            row["fusion_gain_bf16"] = ratio(tok["bf16_fused"], tok["bf16"])
+        for side in SIDES:
+            if side not in res:
+                continue
+            r = res[side][b]
+            row[f"step_ms_{side}"] = r["step_ms"]
+            row[f"gemm_ms_{side}"] = r["gemm_ms"]
+            row[f"rest_ms_{side}"] = r["step_ms"] - r["gemm_ms"]
+            row[f"step_ms_uncompiled_{side}"] = r["step_ms_uncompiled"]
+            row[f"cudagraph_skips_{side}"] = r["cudagraph_skips"]
+        # Token streams against stock BF16 (row 0 of the batch); None = identical (or not measured).
+        row["greedy_first_divergence_row0"] = (
+            first_divergence(toks["bf16"], toks["w12"]) if toks["bf16"] and toks["w12"] else None
+        )
+        for side in ("bf16_fused", "w12_unfused"):
+            if toks["bf16"] and toks[side]:
+                row[f"greedy_first_divergence_row0_{side}"] = first_divergence(toks["bf16"], toks[side])
+        rows.append(row)
+    return rows
+
+
+def print_table(rows, sides) -> None:
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    names = "/".join(SIDE_NAMES[s] for s in sides)
+    print(f"columns per side: {names}")
+    print(
+        f"{'batch':>5} {'tok/s':>28} {'W12/BF16':>9} {'W12/BF16f':>9} | {'step ms':>28} {'GEMM ms':>28} {'rest ms':>28}"
+    )
+    for r in rows:
+        per = {k: "/".join(fmt(r.get(f"{k}_{s}"), ".2f") for s in sides) for k in ("tok_s", "step_ms", "gemm_ms")}
+        rest = "/".join(fmt(r.get(f"rest_ms_{s}"), ".3f") for s in sides)
+        print(
+            f"{r['batch']:>5} {per['tok_s']:>28} {fmt(r['speedup'], '.3f'):>9} {fmt(r['speedup_vs_bf16_fused'], '.3f'):>9}"
+            f" | {per['step_ms']:>28} {per['gemm_ms']:>28} {rest:>28}"
+        )
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny config, short run (works on the CPU)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,8,32; smoke 1,2)")
+    p.add_argument(
+        "--sides",
+        default="bf16,bf16_fused,w12",
+        help=f"comma-separated sides to measure, from {','.join(SIDES)} (always measured in that order)",
+    )
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 512; smoke 16)")
     p.add_argument("--new-tokens", type=int, default=None, help="decode steps timed (default 256; smoke 4)")
     p.add_argument("--layers", type=int, default=None, help="override the number of decoder layers")
@@ -322,6 +436,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/e2e_hf_h200.json; smoke: _smoke)")
     args = p.parse_args(argv)
 
+    wanted = [s.strip() for s in args.sides.split(",") if s.strip()]
+    unknown = sorted(set(wanted) - set(SIDES))
+    if unknown or not wanted:
+        p.error(f"--sides: unknown {unknown}; choose from {', '.join(SIDES)}")
+    sides = [s for s in SIDES if s in wanted]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if not args.smoke and device.type != "cuda":
         p.error("the full benchmark needs a CUDA GPU; use --smoke on the CPU")
@@ -336,63 +455,36 @@ def main(argv=None) -> int:
     args.partial_path = out_path.with_suffix(".partial.json")
     args.partial_path.unlink(missing_ok=True)
 
-    import w12
     from w12 import cuda_ops
 
     kernels = device.type == "cuda" and cuda_ops.available()
     log(
         f"device {device}{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}; "
-        f"W12 kernels {'available' if kernels else 'NOT available: the W12 side runs the reference path'}"
+        f"W12 kernels {'available' if kernels else 'NOT available: the W12 side runs the reference path'}; "
+        f"sides {', '.join(sides)}"
     )
     model = build_model(args, device)
-    wb_bf16 = weight_bytes(model)
-    log(f"model built: {wb_bf16 / 1e9:.2f} GB of BF16 weights")
-    bf16 = measure_side(model, args, device, "bf16")
-
-    sync(device)
-    t = time.perf_counter()
-    w12.patch(model, progress=True)
-    sync(device)
-    patch_s = time.perf_counter() - t
-    log(f"w12.patch: {patch_s:.1f} s; {model.w12_report.summary().splitlines()[0]}")
-    wb_w12 = weight_bytes(model)
-    torch._dynamo.reset()  # the BF16 graphs hold references to the freed weights
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    w = measure_side(model, args, device, "w12")
+    wb = {"bf16": weight_bytes(model)}
+    log(f"model built: {wb['bf16'] / 1e9:.2f} GB of BF16 weights")
+    info = {"patch_seconds": None, "fuse_seconds": {}, "fused_groups": {}}
+    res = {}
+    for side in sides:
+        convert_to(model, side, device, info)
+        wb[side] = weight_bytes(model)
+        torch._dynamo.reset()  # the previous side's graphs hold references to replaced weights
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        res[side] = measure_side(model, args, device, side)
 
     per_tok = kv_bytes_per_token(model.config)
     total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     budget = total * args.mem_fraction if total else None
-    kv_bf16 = int((budget - wb_bf16) // per_tok) if budget else None
-    kv_w12 = int((budget - wb_w12) // per_tok) if budget else None
+    wb_w12 = wb.get("w12", wb.get("w12_unfused"))
+    kv_bf16 = int((budget - wb["bf16"]) // per_tok) if budget else None
+    kv_w12 = int((budget - wb_w12) // per_tok) if budget and wb_w12 else None
 
-    rows = []
-    for b in args.batches:
-        r16, rw = bf16[b], w[b]
-        first_div = next((i for i, (a, c) in enumerate(zip(r16["tokens"], rw["tokens"])) if a != c), None)
-        rows.append(
-            {
-                "batch": b,
-                "tok_s_w12": rw["tok_s"],
-                "tok_s_bf16": r16["tok_s"],
-                "speedup": rw["tok_s"] / r16["tok_s"],
-                "weight_gb_w12": wb_w12 / 1e9,
-                "weight_gb_bf16": wb_bf16 / 1e9,
-                "step_ms_w12": rw["step_ms"],
-                "step_ms_bf16": r16["step_ms"],
-                "gemm_ms_w12": rw["gemm_ms"],
-                "gemm_ms_bf16": r16["gemm_ms"],
-                "rest_ms_w12": rw["step_ms"] - rw["gemm_ms"],
-                "rest_ms_bf16": r16["step_ms"] - r16["gemm_ms"],
-                "step_ms_uncompiled_w12": rw["step_ms_uncompiled"],
-                "step_ms_uncompiled_bf16": r16["step_ms_uncompiled"],
-                "greedy_first_divergence_row0": first_div,
-                "cudagraph_skips_w12": rw["cudagraph_skips"],
-                "cudagraph_skips_bf16": r16["cudagraph_skips"],
-            }
-        )
+    rows = build_rows(args, res, wb)
     result = {
         "bench": "e2e_hf",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -400,6 +492,7 @@ def main(argv=None) -> int:
         "kernels": kernels,
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
+        "sides": sides,
         "config": {
             "layers": model.config.num_hidden_layers,
             "hidden": model.config.hidden_size,
@@ -407,48 +500,40 @@ def main(argv=None) -> int:
             "new_tokens": args.new_tokens,
             "compile": args.compile_mode if args.compile else None,
         },
-        "patch_seconds": patch_s,
+        "patch_seconds": info["patch_seconds"],
+        "fuse_seconds": info["fuse_seconds"],
+        "fused_groups": info["fused_groups"],
         "kv": {
             "bytes_per_token": per_tok,
             "mem_fraction": args.mem_fraction,
             "tokens_bf16": kv_bf16,
             "tokens_w12": kv_w12,
-            "extra_tokens": (kv_w12 - kv_bf16) if budget else None,
-            "gain": (kv_w12 / kv_bf16) if budget and kv_bf16 > 0 else None,
+            "extra_tokens": (kv_w12 - kv_bf16) if kv_w12 is not None else None,
+            "gain": (kv_w12 / kv_bf16) if kv_w12 is not None and kv_bf16 > 0 else None,
         },
-        "generate": {"bf16": bf16.get("generate"), "w12": w.get("generate")},
+        "generate": {side: res[side].get("generate") for side in sides},
         "rows": rows,
     }
     print()
-    print(
-        f"{'batch':>5} {'W12 tok/s':>10} {'BF16 tok/s':>10} {'speedup':>8} | {'step ms W12/BF16':>17} "
-        f"{'GEMM ms W12/BF16':>17} {'rest ms W12/BF16':>17} {'uncompiled ms W12/BF16':>23}"
-    )
-    for r in rows:
-        unc = "/".join(
-            "-" if v is None else f"{v:.2f}" for v in (r["step_ms_uncompiled_w12"], r["step_ms_uncompiled_bf16"])
-        )
+    print_table(rows, sides)
+    if wb_w12:
         print(
-            f"{r['batch']:>5} {r['tok_s_w12']:>10.1f} {r['tok_s_bf16']:>10.1f} {r['speedup']:>7.3f}x | "
-            f"{r['step_ms_w12']:>8.3f}/{r['step_ms_bf16']:<8.3f} {r['gemm_ms_w12']:>8.3f}/{r['gemm_ms_bf16']:<8.3f} "
-            f"{r['rest_ms_w12']:>8.3f}/{r['rest_ms_bf16']:<8.3f} {unc:>23}"
+            f"weights: W12 {wb_w12 / 1e9:.2f} GB vs BF16 {wb['bf16'] / 1e9:.2f} GB "
+            f"({100 * (1 - wb_w12 / wb['bf16']):.1f} % smaller); patch took {info['patch_seconds']:.1f} s"
         )
-    print(
-        f"weights: W12 {wb_w12 / 1e9:.2f} GB vs BF16 {wb_bf16 / 1e9:.2f} GB "
-        f"({100 * (1 - wb_w12 / wb_bf16):.1f} % smaller); patch took {patch_s:.1f} s"
-    )
-    if budget:
+    if kv_w12 is not None:
         print(
             f"KV cache in {args.mem_fraction:.0%} of {total / 2**30:.0f} GiB: {kv_bf16} tokens with BF16 weights, "
             f"{kv_w12} with W12 (+{kv_w12 - kv_bf16}, {kv_w12 / kv_bf16:.2f}x)"
         )
-    for side in ("bf16", "w12"):
+    for side in sides:
         g = result["generate"][side]
         if g:
             print(
                 f"generate() {side}: {g['tok_s']:.1f} tok/s end to end (batch 1, prefill {args.prompt_len} + {g['new_tokens']})"
             )
-    if any(math.isnan(r["speedup"]) for r in rows):
+    ratios = [r[k] for r in rows for k in ("speedup", "speedup_vs_bf16_fused") if r.get(k) is not None]
+    if any(math.isnan(v) for v in ratios):
         print("error: NaN speedup", file=sys.stderr)
         return 1
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-import w12  # noqa: F401  (registers the "w12" quantization method with Transformers)
+import w12  # registers the "w12" quantization method with Transformers
 
 
 def tiny_bf16_folder(path: Path) -> Path:
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 
         t0 = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(dst, device_map=device)
-        n = sum(type(m).__name__ == "W12Linear" for m in model.modules())
+        n = sum(isinstance(m, w12.W12Linear) for m in model.modules())  # fused q/k/v, gate/up members too
         print(f"loaded on {device} in {time.perf_counter() - t0:.1f} s with {n} W12Linear modules")
 
         ids, tok = prompt_ids(Path(src), args.prompt, model.config.vocab_size, device)

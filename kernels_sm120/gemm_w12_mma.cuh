@@ -38,8 +38,11 @@ struct GemmArgs : GemmOperands {
                             // PDL reduce kernel; with PDL: 256 = trigger after the main loop,
                             // 1024 = no L2 prefetch before the wait, 2048 = shared memory padded
                             // to <= target_ctas / SMs CTAs per SM (reduce-kernel path), bits
-                            // 12..15 = records prefetched per CTA (0: 4). None changes a bit of
-                            // the result; bits 20+ are the launcher's own
+                            // 12..15 = records prefetched per CTA (0: 4); 65536 = cluster reduction
+                            // above 8 tokens; 131072 = records copied per thread with cp.async
+                            // above 16 tokens on sm_90+ too (default there: one bulk copy per
+                            // record). None
+                            // changes a bit of the result; bits 20+ are the launcher's own
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
                             // v3 (gemm_slab_launch): bit 1 (stream only), 32 (above); v4 (gemm_wgmma_launch): 64 = decode overlapping the
                             // previous record's wgmma (same bits)
@@ -49,7 +52,8 @@ struct GemmArgs : GemmOperands {
 inline cudaError_t gemm_check_args(const GemmArgs& a) {
   if (a.M < 0 || a.N <= 0 || a.K <= 0) return cudaErrorInvalidValue;
   const int kt = (a.K + 63) / 64;
-  if (a.ldx < (int64_t)kt * 64 || (a.ldx & 7) || a.ldy < a.N) return cudaErrorInvalidValue;
+  // ldx < 2^24: the kernels address a 64-token chunk of x with 32-bit offsets.
+  if (a.ldx < (int64_t)kt * 64 || (a.ldx & 7) || a.ldx >= (1 << 24) || a.ldy < a.N) return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.x) & 15) || (reinterpret_cast<uintptr_t>(a.records) & 15))
     return cudaErrorMisalignedAddress;
   return cudaSuccess;

@@ -216,23 +216,65 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   const uint32_t lo_off = 8192 + rowq * 1024 + mt0 * 512 + lane * 8;
   const int nbase = rowtile * 128 + rowq * 32 + mt0 * 16;  // + 16*mtl
 
+  // Activation tile [8*NCH tokens][64 columns], 16-byte chunk ch of token r stored at chunk
+  // ch ^ (r & 7): the fragment reads below (8 lanes = 2 tokens x 4 t) then hit 8 distinct
+  // 16-byte bank groups. Tokens >= M are zero-filled. Thread tid copies chunks tid + u*kT; their
+  // offsets are fixed for the whole loop, so they are computed once here: recomputing them in
+  // every stage (a generic loop with 64-bit multiplies) was a fifth of the loop's instructions,
+  // and the loop's instruction count shows in the small shapes' time (docs/perf-notes.md).
+  // Chunk u of this thread is token row xr0 + u*kT/8, same column chunk and swizzle; only u = 0's
+  // offsets are kept (per-u arrays pushed the 64-token sm_80 build into spilling).
+  constexpr int kXPer = (NCH * 64 + kT - 1) / kT;
+  const int xr0 = tid >> 3, xch = tid & 7;
+  const int xoff0 = xr0 * (int)p.ldx + xch * 8;  // element offset in x; ldx < 2^24 (launcher)
+  const uint32_t xdst0 = kRecordBytes + xr0 * 128 + ((xch ^ (xr0 & 7)) << 4);
+  const uint8_t* hi_src = rec0 + hi_off;
+  const uint8_t* lo_src = rec0 + lo_off;
+
+  // Records: above 16 tokens on sm_90+, one bulk copy per record (12 KB), issued by thread 0 and
+  // completing on the slot's mbarrier; otherwise (or with diagnostic 131072) each thread
+  // cp.asyncs the 8 pieces it decodes. Measured (docs/perf-notes.md, session 6): the bulk form
+  // gains ~1.7 % at 32-64 tokens and loses up to 3 % at 1-16 (every thread then waits for the
+  // whole record instead of its own pieces). Activations stay per-thread cp.async either way.
+#if __CUDA_ARCH__ >= 900
+  const bool bulk = NCH >= 4 && !(p.flags & 131072);
+#else
+  constexpr bool bulk = false;
+#endif
+  __shared__ __align__(8) uint64_t full_bar[STAGES];
+  const uint32_t bar0 = smem_u32(&full_bar[0]);
+  if (bulk && tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
+    mbar_fence_init();
+  }
+
   auto load_stage = [&](int slot, int i) {
-    const uint8_t* src = rec0 + (size_t)i * kRecordBytes;
     const uint32_t dst = sbase + slot * kStage;
+    if (bulk) {
+#if __CUDA_ARCH__ >= 900
+      if (tid == 0) {
+        mbar_arrive_expect_tx(bar0 + 8 * slot, kRecordBytes);
+        bulk_copy_g2s(dst, rec0 + (size_t)i * kRecordBytes, kRecordBytes, bar0 + 8 * slot);
+      }
+#endif
+    } else {
+      const uint8_t* hs = hi_src + (size_t)i * kRecordBytes;
+      const uint8_t* ls = lo_src + (size_t)i * kRecordBytes;
 #pragma unroll
-    for (int q = 0; q < 2 * MTW; ++q) cp_async16(dst + hi_off + q * 512, src + hi_off + q * 512);
+      for (int q = 0; q < 2 * MTW; ++q) cp_async16(dst + hi_off + q * 512, hs + q * 512);
 #pragma unroll
-    for (int q = 0; q < 2 * MTW; ++q) cp_async8(dst + lo_off + q * 256, src + lo_off + q * 256);
-    // Activation tile [8*NCH tokens][64 columns], 16-byte chunk c of token r stored at chunk
-    // c ^ (r & 7): the fragment reads below (8 lanes = 2 tokens x 4 t) then hit 8 distinct
-    // 16-byte bank groups. Tokens >= M are zero-filled.
-    const int64_t kcol = (int64_t)(kt0 + i) * 64;
+      for (int q = 0; q < 2 * MTW; ++q) cp_async8(dst + lo_off + q * 256, ls + q * 256);
+    }
+    const uint16_t* xs = p.x + (int64_t)(kt0 + i) * 64;
 #pragma unroll
-    for (int c = tid; c < NCH * 64; c += kT) {
-      const int r = c >> 3, ch = c & 7;
-      const bool valid = r < p.M;
-      const uint16_t* xs = p.x + (valid ? (int64_t)r * p.ldx : 0) + kcol + ch * 8;
-      cp_async16_zfill(dst + kRecordBytes + r * 128 + ((ch ^ (r & 7)) << 4), xs, valid);
+    for (int u = 0; u < kXPer; ++u) {
+      const int r = xr0 + u * (kT / 8);
+      if (kXPer * kT == NCH * 64 || r < NCH * 8) {
+        const bool valid = r < p.M;  // rows past M are zero-filled (from a valid address)
+        cp_async16_zfill(dst + xdst0 + u * (kT / 8) * 128, xs + (valid ? xoff0 + u * (kT / 8) * (int)p.ldx : xch * 8),
+                         valid);
+      }
     }
   };
 
@@ -253,21 +295,31 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   RowData rd;
   if (!(p.flags & kReduceKernel)) load_row_data<MTW>(rd, nbase, g, p);
 
+  const uint32_t k38 = opaque_k38(static_cast<uint32_t>(p.M) >> 30);  // p.M <= 64
+  // Ring slots as running indices: i % STAGES cost a multiply-shift sequence per step.
+  int rd_slot = 0, wr_slot = STAGES - 1;
+  uint32_t rd_phase = 0;  // parity of the mbarrier phase slot rd_slot completes next (bulk copies)
   for (int i = 0; i < nrec; ++i) {
     cp_async_wait<STAGES - 2>();
-    // Everyone has finished step i-1, so its slot (the one refilled next) is free.
+    // Everyone has finished step i-1, so its slot (the one refilled next) is free; the mbarrier
+    // inits (first step) are visible to every thread.
     __syncthreads();
-    if (i + STAGES - 1 < nrec) load_stage((i + STAGES - 1) % STAGES, i + STAGES - 1);
+    if (i + STAGES - 1 < nrec) load_stage(wr_slot, i + STAGES - 1);
     cp_async_commit();
+    wr_slot = wr_slot == STAGES - 1 ? 0 : wr_slot + 1;
+    const int slot = rd_slot;
+    if (bulk) mbar_wait(bar0 + 8 * slot, rd_phase);
+    rd_phase ^= rd_slot == STAGES - 1 ? 1u : 0u;
+    rd_slot = rd_slot == STAGES - 1 ? 0 : rd_slot + 1;
 
     if (p.flags & 1) continue;  // diagnostic: stream only
-    const uint8_t* st = smem + (i % STAGES) * kStage;
+    const uint8_t* st = smem + slot * kStage;
     uint32_t a[16 * MTW];
 #pragma unroll
     for (int q = 0; q < 2 * MTW; ++q) {
       const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
       const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
-      decode16(h, l, a + 8 * q);
+      decode16(h, l, a + 8 * q, k38);
     }
     // Activation fragments for JG token chunks at a time, then k-step outer: consecutive MMAs
     // go to MTW*JG different accumulators, so one accumulator's MMA latency chain is covered

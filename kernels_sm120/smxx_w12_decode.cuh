@@ -52,36 +52,47 @@ __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint3
 
 // Two BF16 weights (with the fixed offset E0) from one hi word and the nibble word of the pair.
 //   hw:   hi word (4 hi bytes, elements 0..3 of a group of four slots)
-//   nib:  E (even nibbles) or O (odd nibbles) of the lo word, one nibble per byte
+//   nib:  the lo word (E: even nibbles) or the lo word >> 4 (O: odd nibbles); the wanted nibble
+//         is the low nibble of each byte, the high nibble is junk (masked below)
 //   P:    0 -> elements (0,2) of the hi word, 1 -> elements (1,3)
 //   HALF: 0 -> the hi word is the first of the lo word's two, 1 -> the second
 // Result bits per half: s<<15 | (c|E0)<<7 | m. The hi byte goes to bits 8..15 (sign in place),
 // a copy shifted right by 4 puts c|m[6:4] at bits 4..10 (its stray sign copy lands on bit 11,
 // which E0's bit pattern sets anyway), the lo nibble lands at bits 0..3 together with E0's bits
-// via one PRMT from a constant register.
+// via one PRMT from a constant register; the final OR masks that PRMT's junk nibbles in the same
+// LOP3 (a | (b & imm)), so the nibbles need no masking of their own.
+//   k38:  0x38383838 (E0's low exponent bits in every byte); see decode16 for why it is an operand
 template <int P, int HALF>
-__device__ __forceinline__ uint32_t decode_pair(uint32_t hw, uint32_t nib) {
+__device__ __forceinline__ uint32_t decode_pair(uint32_t hw, uint32_t nib, uint32_t k38) {
   constexpr uint32_t kHiSel = P == 0 ? 0x2404u : 0x3414u;    // [0, h_P, 0, h_P+2]
   constexpr uint32_t kLoSel = HALF == 0 ? 0x4140u : 0x4342u;  // [n, 0x38, n', 0x38]
   const uint32_t x = prmt(hw, 0u, kHiSel);
-  const uint32_t lo = prmt(nib, 0x38383838u, kLoSel);
-  return lop3_and_or(x, 0x80008000u, x >> 4) | lo;
+  const uint32_t lo = prmt(nib, k38, kLoSel);
+  return lop3_and_or(x, 0x80008000u, x >> 4) | (lo & 0x380F380Fu);
 }
 
 // Decodes one 16-element hi vector (4 words) and its 8 lo bytes (2 words) into 8 registers of
 // BF16 pairs, A[0..7] in fragment order (see the layout comment above).
-__device__ __forceinline__ void decode16(const uint4& hi, const uint2& lo, uint32_t* a) {
-  const uint32_t e0 = lo.x & 0x0F0F0F0Fu, o0 = (lo.x >> 4) & 0x0F0F0F0Fu;
-  const uint32_t e1 = lo.y & 0x0F0F0F0Fu, o1 = (lo.y >> 4) & 0x0F0F0F0Fu;
-  a[0] = decode_pair<0, 0>(hi.x, e0);
-  a[1] = decode_pair<1, 0>(hi.x, o0);
-  a[2] = decode_pair<0, 1>(hi.y, e0);
-  a[3] = decode_pair<1, 1>(hi.y, o0);
-  a[4] = decode_pair<0, 0>(hi.z, e1);
-  a[5] = decode_pair<1, 0>(hi.z, o1);
-  a[6] = decode_pair<0, 1>(hi.w, e1);
-  a[7] = decode_pair<1, 1>(hi.w, o1);
+// k38 must be 0x38383838. A PRMT takes one immediate: given both the selector and 0x38383838 as
+// literals, ptxas makes 0x38383838 the immediate and re-materialises the selector into a
+// register before every lo PRMT (16 extra moves per 64 weights). A caller that passes a value
+// ptxas cannot see as constant (see opaque_k38) gets the selector as the immediate instead.
+__device__ __forceinline__ void decode16(const uint4& hi, const uint2& lo, uint32_t* a, uint32_t k38 = 0x38383838u) {
+  const uint32_t e0 = lo.x, o0 = lo.x >> 4;
+  const uint32_t e1 = lo.y, o1 = lo.y >> 4;
+  a[0] = decode_pair<0, 0>(hi.x, e0, k38);
+  a[1] = decode_pair<1, 0>(hi.x, o0, k38);
+  a[2] = decode_pair<0, 1>(hi.y, e0, k38);
+  a[3] = decode_pair<1, 1>(hi.y, o0, k38);
+  a[4] = decode_pair<0, 0>(hi.z, e1, k38);
+  a[5] = decode_pair<1, 0>(hi.z, o1, k38);
+  a[6] = decode_pair<0, 1>(hi.w, e1, k38);
+  a[7] = decode_pair<1, 1>(hi.w, o1, k38);
 }
+
+// 0x38383838 in a register ptxas cannot constant-fold: `zero` must be 0 at run time but unknown
+// at compile time (a kernel argument that is always 0 in practice, e.g. M >> 30 for M <= 64).
+__device__ __forceinline__ uint32_t opaque_k38(uint32_t zero) { return 0x38383838u | zero; }
 
 // FP32 2^(b - E0) for a row base b in [1, 239], built from its bit pattern (exact, no exp2f).
 __device__ __forceinline__ float row_scale(uint32_t b) { return __uint_as_float((b + 127u - kDecodeE0) << 23); }

@@ -160,13 +160,30 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
 @pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000)])
 @pytest.mark.parametrize(
     "variant",
-    ["4", "8", "16", "24", "512", "520", "65536", "pdl", "pdl:256", "pdl:1024", "pdl:2048", "pdl:8192", "pdl:61440"],
+    [
+        "4",
+        "8",
+        "16",
+        "24",
+        "512",
+        "520",
+        "65536",
+        "131072",
+        "131080",
+        "pdl",
+        "pdl:256",
+        "pdl:1024",
+        "pdl:2048",
+        "pdl:8192",
+        "pdl:61440",
+    ],
 )
 def test_kernel_variants_agree(n, k, m, variant, monkeypatch):
     # Reduction by the reduce kernel (sm_90+) or global memory (4: forced),
     # 4-warp or 8-warp CTAs (8: 8-warp at M <= 16), cluster also at M <= 8 (16), the in-kernel
     # ticket reduction instead of the PDL reduce kernel (512), the cluster reduction above 8 tokens
-    # instead of the reduce kernel (65536; not where S > 8); programmatic dependent
+    # instead of the reduce kernel (65536; not where S > 8), records copied per thread with cp.async
+    # instead of one bulk copy (131072, and with 8-warp CTAs: 131080); programmatic dependent
     # launch of the GEMM itself (W12_GEMM_PDL=1) with its trigger after the main loop (256), no
     # L2 prefetch before the wait (1024), padded shared memory (2048), 2 or 15 records prefetched
     # (8192, 61440): every variant adds the same products in the same order, so all must give the

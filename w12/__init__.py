@@ -6,6 +6,7 @@
 from . import hf as _hf  # noqa: F401  (registers the 'w12' method with Transformers once it is imported)
 from .codec import linear, pack, unpack, unpack_8bit
 from .format import FORMAT_VERSION, convert_layout, get_layout, register_layout, registered_layouts
+from .fuse import fuse_projections, unfuse_projections
 from .head import CertifiedHead
 from .nn import W12Linear
 from .patch import certified_argmax, patch, unpatch
@@ -21,6 +22,7 @@ __all__ = [
     "W12Weight",
     "certified_argmax",
     "convert_layout",
+    "fuse_projections",
     "get_layout",
     "linear",
     "pack",
@@ -28,6 +30,7 @@ __all__ = [
     "register_layout",
     "registered_layouts",
     "unpack",
+    "unfuse_projections",
     "unpack_8bit",
     "unpatch",
 ]

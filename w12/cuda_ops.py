@@ -379,7 +379,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     stream = torch.cuda.current_stream(device)
     counters = _counters(device, stream, int(so.w12_gemm_counters(n, k, tgt, kver))) if ws_bytes else None
-    flags = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 17)) if "W12_GEMM_DIAG" in os.environ else 0
+    flags = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 18)) if "W12_GEMM_DIAG" in os.environ else 0
     if not _pdl(kver):  # read (and checked) on every call; v1 and v3 use the bit
         flags |= 32
     code = so.w12_gemm(

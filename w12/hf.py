@@ -302,6 +302,12 @@ def _finish_loaded(model) -> None:
             m.layout = 0  # as loaded from disk
             m.validate(name, deep=True)
             m._w12_prepare_for_device()
+    # As w12.patch does by default: q/k/v and gate/up as one GEMM each (w12.unfuse_projections
+    # undoes it). After accelerate's dispatch, which ran before this: hooked or offloaded members
+    # are left unfused.
+    from .fuse import fuse_projections
+
+    fuse_projections(model, bf16=False)
 
 
 class _PinnedFormat(dict):

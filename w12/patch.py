@@ -25,6 +25,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 from tqdm.auto import tqdm
 
 from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div
+from .fuse import fuse_projections, fused_groups, unfuse_projections
 from .nn import W12Linear
 
 __all__ = ["PatchReport", "patch", "unpatch"]
@@ -41,6 +42,7 @@ class PatchReport:
     converted: list[dict] = field(default_factory=list)  # name, shape, bytes_bf16, bytes_w12, escapes
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (module name, reason)
     seconds: float = 0.0
+    fused_groups: int = 0  # groups of sibling projections (q/k/v, gate/up) that run as one GEMM
 
     @property
     def bytes_bf16(self) -> int:
@@ -56,6 +58,7 @@ class PatchReport:
             f"({self.bytes_bf16 / 2**20:.1f} MiB BF16 -> {self.bytes_w12 / 2**20:.1f} MiB W12"
             + (f", {self.bytes_w12 * 8 / (self.bytes_bf16 / 2):.3f} bits/weight" if self.bytes_bf16 else "")
             + f") in {self.seconds:.1f} s; skipped {len(self.skipped)}"
+            + (f"; fused {self.fused_groups} projection groups into one GEMM each" if self.fused_groups else "")
         ]
         lines += [f"  skipped {name}: {reason}" for name, reason in self.skipped]
         return "\n".join(lines)
@@ -155,6 +158,7 @@ def patch(
     lm_head: bool | str | None = None,
     keep_if_larger: bool = False,
     progress: bool | None = None,
+    fuse: bool = True,
 ) -> nn.Module:
     """Replaces the model's BF16 ``nn.Linear`` layers by ``W12Linear`` in place and returns the model.
 
@@ -166,6 +170,10 @@ def patch(
         an INT8 screen; see ``w12.certified_argmax``), the ordinary head still giving logits.
     keep_if_larger: convert layers so small that tile padding makes W12 bigger than BF16.
     progress: tqdm bar (default: when there are more than 32 layers).
+    fuse: afterwards, fuse sibling W12 projections that read the same input (q/k/v, gate/up)
+        into one GEMM each (``w12.fuse_projections``; exact on the CPU, fewer launches on CUDA).
+        ``w12.unfuse_projections(model)`` undoes it. BF16 layers are never fused here, and BF16
+        groups fused earlier are unfused first so their layers can be converted.
 
     The report (``model.w12_report``, a ``PatchReport``) lists every converted layer and every
     skipped one with its reason. The weights are lossless: ``unpatch`` restores bit-identical
@@ -180,6 +188,7 @@ def patch(
         lm_head = False  # the certified head rescores survivors with the exact BF16 weights
     inc, exc = _matcher(include, "include"), _matcher(exclude, "exclude")
     t0 = time.perf_counter()
+    unfuse_projections(model, w12=False)  # a fused BF16 member is no plain nn.Linear: patch could not convert it
     head = _call_or_none(model, "get_output_embeddings")
     emb = _call_or_none(model, "get_input_embeddings")
     head_tied = (
@@ -220,6 +229,9 @@ def patch(
         )
         del mod, new  # the BF16 weight goes now, not at the end of the loop
     report.skipped += _unconvertible_params(model)
+    if fuse:
+        fuse_projections(model, bf16=False)
+    report.fused_groups = sum(g.kind == "w12" for g in fused_groups(model))
     report.seconds = time.perf_counter() - t0
     previous = getattr(model, "w12_report", None)
     if isinstance(previous, PatchReport):
