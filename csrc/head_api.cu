@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "head_common.cuh"
+#include "smxx_gemm_common.cuh"
 
 namespace {
 
@@ -46,12 +47,11 @@ int w12_head_argmax(const void* h, int h_bf16, int m, long long ldh, int k, cons
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int rescore_all = flags & HEAD_FLAG_RESCORE_ALL;
   bool pdl = false;
-  if (flags & HEAD_FLAG_PDL) {
-    int dev = 0, major = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (e != cudaSuccess) return e;
-    pdl = major >= 9;
+  if (flags & HEAD_FLAG_PDL) {  // device properties cached per device (no attribute query per call)
+    w12::DevInfo di;
+    int dev = 0;
+    if (cudaError_t e = w12::dev_info(di, dev); e != cudaSuccess) return e;
+    pdl = di.major >= 9;
   }
   HeadWs hw;
   head_ws_layout(ws, kpad, vpad, &hw);

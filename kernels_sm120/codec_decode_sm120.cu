@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int q = 0; q < 4; ++q) {
     const uint4 h = __ldg(reinterpret_cast<const uint4*>(src + 2048 * w + 512 * q + 16 * lane));
     const uint2 l = __ldg(reinterpret_cast<const uint2*>(src + kHiBytes + 1024 * w + 256 * q + 8 * lane));
-    w12::decode16(h, l, a + 8 * q);
+    w12::decode16(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(n) >> 31));  // see decode16
   }
   const int c0 = ktile * kTileK + 16 * t;
 #pragma unroll

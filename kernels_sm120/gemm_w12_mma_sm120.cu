@@ -518,10 +518,6 @@ cudaError_t launch_one(const KParams& p, int grid, int smem_min, int dev, cudaSt
     if (err != cudaSuccess) return err;
     configured[dev] = smem;
   }
-  if (!p.cluster && !(p.flags & kPdl)) {
-    kern<<<grid, threads, smem, stream>>>(p);
-    return cudaGetLastError();
-  }
   return launch_ex(kern, dim3(grid), dim3(threads), smem, stream, p.cluster ? p.S : 1, (p.flags & kPdl) != 0, p);
 }
 

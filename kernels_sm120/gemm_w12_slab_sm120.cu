@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
       for (int q = 0; q < 2 * MT; ++q) {
         const uint4 hv = *reinterpret_cast<const uint4*>(st + q * 512 + lane * 16);
         const uint2 lv = *reinterpret_cast<const uint2*>(st + G_::kHi + q * 256 + lane * 8);
-        decode16(hv, lv, a + 8 * q);
+        decode16(hv, lv, a + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
       }
       mma_record<NCH, MT, kXRow>(acc, a, st + G_::kW, g, t, g < p.xrows);  // rows past M: zero (NCH = 1)
     }

@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_sk_kernel(const SKParams
         for (int q = 0; q < 4; ++q) {
           const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
           const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
-          decode16(h, l, a + 8 * q);
+          decode16(h, l, a + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
         }
         mma_record<NCH, 2, kXRow>(acc, a, st + kRec, g, t, true);
       }

@@ -266,43 +266,18 @@ def unpack(
         raise ValueError(f"{what}: {rows} rows / {esc_col.numel()} escapes exceed the int32 indexing of W12")
     with torch.cuda.device(dev):
         out = torch.empty((*batch, n, k), dtype=torch.bfloat16, device=dev)
+
+        def args(recs):  # the arguments both decode kernels take first, in their order
+            return (_ptr(recs), _ptr(base), _ptr(esc_ptr), _ptr(esc_col), _ptr(esc_val), esc_col.numel(), mats, n, k)
+
         if layout == layouts.MMA_SYNC_LAYOUT and not eight_bit:
             # The GEMM's own layout decodes in place (the prefill fallback of w12.linear).
-            _launch(
-                what,
-                "w12_decode_layout1",
-                _ptr(records),
-                _ptr(base),
-                _ptr(esc_ptr),
-                _ptr(esc_col),
-                _ptr(esc_val),
-                esc_col.numel(),
-                mats,
-                n,
-                k,
-                _ptr(out),
-                _stream(dev),
-            )
+            _launch(what, "w12_decode_layout1", *args(records), _ptr(out), _stream(dev))
             return out
         if layout != 0:
             records = convert_layout(records, layout, 0)
-        _launch(
-            what + (" (8-bit view)" if eight_bit else ""),
-            "w12_decode",
-            _ptr(records),
-            _ptr(base),
-            _ptr(esc_ptr),
-            _ptr(esc_col),
-            _ptr(esc_val),
-            esc_col.numel(),
-            mats,
-            n,
-            k,
-            int(bool(eight_bit)),
-            _ptr(out),
-            _stream(dev),
-            int(_variant),
-        )
+        what += " (8-bit view)" if eight_bit else ""
+        _launch(what, "w12_decode", *args(records), int(bool(eight_bit)), _ptr(out), _stream(dev), int(_variant))
     return out
 
 
