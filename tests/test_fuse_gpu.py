@@ -14,6 +14,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from _hf_gpu_models import MAX_MARGIN, NEW_TOKENS, divergence_margin, greedy, prompts, small_llama  # noqa: E402
+
 import w12  # noqa: E402
 from w12 import cuda_ops, fuse  # noqa: E402
 from w12.fuse import fused_groups  # noqa: E402
@@ -21,50 +23,8 @@ from w12.nn import W12Linear  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-MAX_MARGIN = 0.25
 MAX_REL_DIFF = 1e-2
-PROMPT_LENS = (5, 17, 64, 130)
-NEW_TOKENS = 24
 GROUPS = 4 * 2  # q/k/v and gate/up of 4 layers
-
-
-def small_llama(seed=0):
-    cfg = transformers.LlamaConfig(
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        vocab_size=4096,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
-    return model.eval()
-
-
-def prompts():
-    g = torch.Generator().manual_seed(7)
-    return [torch.randint(3, 4096, (1, n), generator=g).cuda() for n in PROMPT_LENS]
-
-
-@torch.no_grad()
-def greedy(model, prompt, **kw):
-    out = model.generate(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, **kw)
-    return out[0, prompt.shape[1] :]
-
-
-@torch.no_grad()
-def divergence_margin(ref_model, prompt, ref_tokens, tokens):
-    """(index of the first differing token, ref log-prob of its choice minus that of the other), or (None, 0)."""
-    diff = (ref_tokens != tokens).nonzero()
-    if diff.numel() == 0:
-        return None, 0.0
-    i = int(diff[0, 0])
-    prefix = torch.cat([prompt[0], ref_tokens[:i]])[None]
-    logp = ref_model(prefix).logits[0, -1].float().log_softmax(-1)
-    return i, float(logp[ref_tokens[i]] - logp[tokens[i]])
 
 
 def rel_diff(a, b) -> float:
