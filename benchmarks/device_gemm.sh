@@ -13,21 +13,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
   python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
 } 2>&1 | tee "$OUT/env.txt"
-# SASS: HMMA present, async copies (LDGSTS), no local-memory traffic (LDL/STL) in the GEMM kernels.
-if command -v cuobjdump >/dev/null; then
-  cuobjdump --dump-sass w12/_kernels/libw12.so > /tmp/sass.txt 2>&1
-  python3 - <<'PY' 2>&1 | tee "$OUT/sass_summary.txt"
-import re
-txt = open("/tmp/sass.txt").read()
-funcs = re.split(r"\n\s*Function : ", txt)
-for f in funcs[1:]:
-    name = f.split("\n", 1)[0]
-    if "gemm_w12" not in name:
-        continue
-    c = {k: len(re.findall(k, f)) for k in ("HMMA", "HGMMA", "LDGSTS", "LDS.128", "LDS.64", "LDL", "STL", "BAR.SYNC", "PRMT", "LOP3")}
-    print(name[-60:], c)
-PY
-fi
+# SASS: tensor-core instructions in each GEMM kernel's main loop, its instruction mix, and no
+# local-memory traffic (LDL/STL) (benchmarks/sass_report.py; no GPU needed, so also run it locally).
+python3 benchmarks/sass_report.py --match gemm_w12 --json "$OUT/sass.json" 2>&1 | tee "$OUT/sass_summary.txt" || true
 # Every step under a time limit: a kernel that deadlocks must not eat the device budget.
 # Smoke first (v4 on sm_90, v3, v2 and v1 against decode + F.linear on a few shapes), so a broken build stops early.
 timeout 60 python3 - <<'PY' 2>&1 | tee "$OUT/smoke.txt" || exit 1
