@@ -8,7 +8,10 @@
 //   memory round trip for decoded weights.
 // - Records and the activation tile of each K step stream through a STAGES-deep cp.async ring.
 //   Every thread copies exactly the record bytes it later decodes, so the weights need no
-//   barrier; one __syncthreads per step covers the shared activation tile.
+//   barrier; one __syncthreads per step covers the shared activation tile. (Above 16 tokens on
+//   sm_90+ a record is one bulk copy completing on the slot's mbarrier instead.) The loop is
+//   issue-bound per warp, so its instruction count is a measured cost (docs/perf-notes.md,
+//   session 6; benchmarks/sass_report.py shows it without a GPU).
 //   Row data for the epilogue (base, escape ranges, bias) is loaded before the main loop.
 // - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs, SMs) only. Partial
 //   sums are added in slice order by one of three paths with identical bits: on sm_90+ the
