@@ -27,11 +27,12 @@ int w12_gemm_splits(int n, int k, int target_ctas, int sms) { return w12::gemm_s
 
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).
 // kernel: 1 = v1 (fixed K-split, gemm_w12_mma_sm120.cu), 2 = v2 (stream-K, gemm_w12_streamk_sm120.cu),
-// 3 = v3 (row slabs, gemm_w12_slab_sm120.cu), 4 = v4 (wgmma, kernels_sm90/gemm_w12_wgmma_sm90.cu):
-// neither needs workspace or counters.
+// 3 = v3 (row slabs, gemm_w12_slab_sm120.cu: no workspace), 4 = v4 (wgmma,
+// kernels_sm90/gemm_w12_wgmma_sm90.cu: v1's workspace, no counters).
 int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, int kernel) {
-  if (kernel == 3 || kernel == 4) return 0;
+  if (kernel == 3) return 0;
   if (kernel == 2) return static_cast<int64_t>(w12::gemm_sk_workspace_bytes(m, target_ctas));
+  // v4 parks v1-ordered partials for v1's reduce kernel: v1's size.
   return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas, sms));
 }
 

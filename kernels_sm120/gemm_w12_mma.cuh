@@ -76,8 +76,15 @@ cudaError_t gemm_sk_launch(const GemmArgs& a, cudaStream_t stream);
 // counters. Summation order fixed by K alone.
 cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream);
 
-// v4, Hopper wgmma (kernels_sm90/gemm_w12_wgmma_sm90.cu, sm_90a only): v1's K slices reduced in a
-// thread-block cluster; no workspace or counters. cudaErrorNoKernelImageForDevice off sm_90.
+// v1's PDL reduce kernel on its own (sm_90+): sums the S partials another GEMM kernel parked in
+// a.workspace in v1's order ([row tile][slice][fragment][thread] of a 4-warp CTA) for tokens
+// m0 .. m0+tokens-1, and writes y with v1's epilogue. The GEMM before it must trigger its
+// dependents (griddepcontrol.launch_dependents) or simply finish.
+cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream);
+
+// v4, Hopper wgmma (kernels_sm90/gemm_w12_wgmma_sm90.cu, sm_90a only): v1's K slices (v1's rule
+// and cap), summed by v1's reduce kernel; workspace gemm_workspace_bytes(), no counters.
+// cudaErrorNoKernelImageForDevice off sm_90.
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);
 // The wgmma building blocks alone (register A, descriptor B, accumulator layout) on one 64x16x16
 // product; see gemm_w12_wgmma_sm90.cu. For tests.

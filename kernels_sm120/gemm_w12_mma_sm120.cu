@@ -649,6 +649,23 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream) {
+  KParams p{};
+  static_cast<GemmOperands&>(p) = a;
+  p.ws = static_cast<float4*>(a.workspace);
+  p.N = a.N;
+  p.KT = (a.K + 63) / 64;
+  p.S = S;
+  p.kper = (p.KT + S - 1) / S;
+  p.ldx = a.ldx;
+  p.ldy = a.ldy;
+  p.flags = a.flags | kReduceKernel | kPdl;
+  p.x = a.x + (int64_t)m0 * a.ldx;
+  p.y = a.y + (int64_t)m0 * a.ldy;
+  p.M = tokens;
+  return launch_reduce_for(p, (a.N + 127) / 128, tokens, false, stream);
+}
+
 cudaError_t gemm_check_device() {
   cudaFuncAttributes attr;
   return cudaFuncGetAttributes(&attr, gemm_w12_mma_kernel<1, 4, 2>);

@@ -23,13 +23,13 @@
 //   partials in rank order through distributed shared memory, so the bits are the same for every M.
 // - Each thread streams its own fragment bytes of every record (v1's per-thread cp.async ring,
 //   STAGES deep); fence.proxy.async makes the activation tile visible to wgmma.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "gemm_w12_mma.cuh"
 #include "smxx_gemm_common.cuh"
 #include "smxx_launch.cuh"
+#include "smxx_pipe.cuh"
 #include "smxx_w12_decode.cuh"
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -48,6 +48,7 @@ constexpr int kThreads = 128;  // one warpgroup
 struct WParams : GemmOperands {
   int M, N, KT, S, kper;
   int64_t ldx, ldy;
+  float4* ws;  // S > 1: partial sums in v1's order, summed by v1's reduce kernel (gemm_reduce_launch)
 };
 
 #if W12_WGMMA
@@ -70,9 +71,8 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t saddr, uint32_t lbo, uint
 }
 
 // 4-byte copy that writes zeros when !valid (tokens >= M of the activation tile).
-__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(n));
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
 }
 
 #endif
@@ -148,26 +148,42 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   const int kt0 = split * p.kper;
   const int nrec = min(p.KT - kt0, p.kper);
   const uint8_t* rec0 = p.records + ((size_t)rowtile * p.KT + kt0) * kRec;
+  // The reduce kernel (S > 1) only waits for this grid's completion: let its CTAs be placed now.
+  if (p.S > 1) pdl_launch_dependents();
   const uint32_t sbase = smem_u32(smem);
   const uint32_t hi_off = warp * 2048 + lane * 16, lo_off = 8192 + warp * 1024 + lane * 8;
 
+  // B tile copies: thread (warp, lane) owns column pair `lane` of token rows warp + 4u, so its
+  // offsets are fixed for the whole loop (computed once: recomputing them per stage in a generic
+  // loop, with zero-fills for every row past M, was most of this loop's extra instructions over
+  // v1's; docs/perf-notes.md). Rows >= M are zeroed once below and never copied.
+  constexpr int kXU = T / 4;  // rows per thread
+  const int xa = lane >> 3, xks = (lane >> 1) & 3, xb = lane & 1;
+  const uint32_t xdst0 = kRec + (2 * xks + xb) * (T * 16) + warp * 16 + 4 * xa;
+  const int xoff0 = warp * (int)p.ldx + 2 * lane;  // ldx < 2^24 (gemm_check_args)
+  const uint8_t* hi_src = rec0 + hi_off;
+  const uint8_t* lo_src = rec0 + lo_off;
+
   auto load_stage = [&](int slot, int i) {
-    const uint8_t* src = rec0 + (size_t)i * kRec;
+    const uint8_t* hs = hi_src + (size_t)i * kRec;
+    const uint8_t* ls = lo_src + (size_t)i * kRec;
     const uint32_t dst = sbase + slot * kStage;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cp_async16(dst + hi_off + q * 512, src + hi_off + q * 512);
+    for (int q = 0; q < 4; ++q) cp_async16(dst + hi_off + q * 512, hs + q * 512);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cp_async8(dst + lo_off + q * 256, src + lo_off + q * 256);
-    const int64_t kcol = (int64_t)(kt0 + i) * 64;
+    for (int q = 0; q < 4; ++q) cp_async8(dst + lo_off + q * 256, ls + q * 256);
+    const uint16_t* xs = p.x + (int64_t)(kt0 + i) * 64;
 #pragma unroll
-    for (int v = tid; v < T * 32; v += kThreads) {
-      const int r = v >> 5, w = v & 31;  // token, column pair
-      const int a = w >> 3, ks = (w >> 1) & 3, b = w & 1;
-      const bool valid = r < p.M;
-      const uint16_t* xs = p.x + (valid ? (int64_t)r * p.ldx : 0) + kcol + 2 * w;
-      cp_async4_zfill(dst + kRec + (2 * ks + b) * (T * 16) + r * 16 + 4 * a, xs, valid);
-    }
+    for (int u = 0; u < kXU; ++u)
+      if (warp + 4 * u < p.M) cp_async4(dst + xdst0 + u * 64, xs + xoff0 + u * 4 * (int)p.ldx);
   };
+  // Rows >= M of every stage's B tile: zero once (the copies never write them); the first
+  // __syncthreads of the loop orders these stores before any wgmma reads them.
+#pragma unroll
+  for (int sl = 0; sl < STAGES; ++sl)
+#pragma unroll
+    for (int u = 0; u < kXU; ++u)
+      if (warp + 4 * u >= p.M) *reinterpret_cast<uint32_t*>(smem + sl * kStage + xdst0 + u * 64) = 0u;
 
   float acc[2][ND];
 #pragma unroll
@@ -188,10 +204,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   // ptxas then serialises every wgmma (warning C7513: it treats any definition of a wgmma source
   // register inside an open wgmma pipeline stage as a hazard), so which form wins is measured
   // (W12_GEMM_DIAG bit 64 selects OVERLAP; identical bits either way).
+  // Ring slots as running indices (i % STAGES cost a multiply-shift sequence, three per step).
+  int rd_slot = 0, wr_slot = STAGES - 1;
   auto step = [&](int i, uint32_t(&buf)[32]) {
     cp_async_wait<STAGES - 2>();
     fence_proxy_async_smem();
-    const uint8_t* st = smem + (i % STAGES) * kStage;
+    const int slot = rd_slot;
+    rd_slot = rd_slot == STAGES - 1 ? 0 : rd_slot + 1;
+    const uint8_t* st = smem + slot * kStage;
     auto decode = [&]() {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -208,10 +228,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
       for (int k = 0; k < ND; ++k) pin(acc[mt][k]);
     if constexpr (!OVERLAP) decode();
     __syncthreads();  // every thread's copies of stage i landed; every read of stage i-1 done
-    if (i + STAGES - 1 < nrec) load_stage((i + STAGES - 1) % STAGES, i + STAGES - 1);
+    if (i + STAGES - 1 < nrec) load_stage(wr_slot, i + STAGES - 1);
     cp_async_commit();
+    wr_slot = wr_slot == STAGES - 1 ? 0 : wr_slot + 1;
     wgmma_fence();
-    const uint32_t xb = sbase + (i % STAGES) * kStage + kRec;
+    const uint32_t xb = sbase + slot * kStage + kRec;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const uint64_t desc = smem_desc(xb + 2 * ks * (T * 16), T * 16, 128);
@@ -265,30 +286,16 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
       }
     return;
   }
-  // Cluster reduction: each slice parks its partial in its own shared memory; rank `split` sums
-  // fragments f = split, split + S, ... over ranks 0..S-1 in rank order.
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  __syncthreads();
-  float4* part = reinterpret_cast<float4*>(smem);
+  // K split: park the partial in v1's order ([tile][slice][fragment][thread], fragment mt*NCH + j
+  // holding rows 16mt + g (+8), tokens 8j + 2t (+1): the same map as v1's 4-warp CTA), and v1's
+  // PDL reduce kernel sums the slices in slice order and runs the epilogue. This replaced a
+  // thread-block cluster per row tile, which v1 measured slower at every M (docs/perf-notes.md).
+  float4* mine = p.ws + ((size_t)rowtile * p.S + split) * (2 * NCH * kThreads) + tid;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int j = 0; j < NCH; ++j)
-      part[(mt * NCH + j) * kThreads + tid] =
-          make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
-  cluster.sync();
-  for (int f = split; f < 2 * NCH; f += p.S) {
-    float sum[4];
-    for (int sl = 0; sl < p.S; ++sl) {
-      const float4 v = *cluster.map_shared_rank(part + f * kThreads + tid, sl);
-      const float vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sum[i] = sl == 0 ? vv[i] : __fadd_rn(sum[i], vv[i]);
-    }
-    store(sum, f / NCH, f % NCH);
-  }
-  cluster.sync();  // keep this CTA's shared memory alive until every rank has read it
+      mine[(mt * NCH + j) * kThreads] = make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
 #endif
 }
 
@@ -304,7 +311,7 @@ cudaError_t launch_w(const WParams& p, int grid, cudaStream_t stream) {
     if ((e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
     configured[dev] = 1;
   }
-  return launch_ex(kern, dim3(grid), dim3(kThreads), smem, stream, p.S, false, p);
+  return launch_ex(kern, dim3(grid), dim3(kThreads), smem, stream, 1, false, p);
 }
 
 // Self-test of the wgmma building blocks above, independent of the W12 decode: D[64x16] = A B^T
@@ -372,8 +379,10 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   DevInfo di;
   int dev = 0;
   if ((e = dev_info(di, dev)) != cudaSuccess) return e;
-  // v1's rule (a function of N, K and the SM count), at most 8 slices: one portable cluster.
-  p.S = gemm_splits(a.N, a.K, a.target_ctas, di.sms, 8);
+  // v1's rule (a function of N, K and the SM count) and v1's cap.
+  p.S = gemm_splits(a.N, a.K, a.target_ctas, di.sms);
+  p.ws = static_cast<float4*>(a.workspace);
+  if (p.S > 1 && p.ws == nullptr) return cudaErrorInvalidValue;
   p.kper = (kt + p.S - 1) / p.S;
   p.ldx = a.ldx;
   p.ldy = a.ldy;
@@ -389,6 +398,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     else if (tokens <= 32) e = ov ? launch_w<4, 3, true>(p, grid, stream) : launch_w<4, 3, false>(p, grid, stream);
     else e = ov ? launch_w<8, 3, true>(p, grid, stream) : launch_w<8, 3, false>(p, grid, stream);
     if (e != cudaSuccess) return e;
+    if (p.S > 1 && (e = gemm_reduce_launch(a, m0, tokens, p.S, stream)) != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
