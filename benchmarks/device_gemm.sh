@@ -27,7 +27,7 @@ for kern in kernels + ["v3", "v2", "v1"]:
     os.environ["W12_GEMM_KERNEL"] = kern
     for n, k, m in [(128, 64, 1), (4096, 4096, 1), (256, 14336, 16), (1000, 192, 64), (384, 1000, 33)]:
         wt = torch.randn(n, k, generator=g).to(torch.bfloat16)
-        w = w12.pack(wt).to("cuda").with_layout(1)
+        w = w12.pack(wt).to("cuda").with_layout(cuda_ops.preferred_layout("cuda"))
         x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
         y = w12.linear(x, w).float()
         ref = x.float() @ wt.cuda().float().t()

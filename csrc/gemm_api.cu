@@ -16,10 +16,15 @@
 extern "C" {
 
 // Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
-int w12_gemm_abi_version(void) { return 4; }
+// 5: v4 reads layout 2 (w12_gemm_kernel_layout).
+int w12_gemm_abi_version(void) { return 5; }
 
-// The record layout the GEMM reads (registered as layout 1 in w12/layouts.py).
+// The record layout the portable GEMM kernels (v1-v3) read (layout 1 in w12/layouts.py).
 int w12_gemm_record_layout(void) { return 1; }
+
+// The record layout GEMM kernel `kernel` (1-4) reads: v4 (wgmma) takes its activation tile in
+// column order, so its records put MMA k in column order too (layout 2, w12/layouts.py).
+int w12_gemm_kernel_layout(int kernel) { return kernel == 4 ? 2 : 1; }
 
 // Number of K slices the kernel uses for an (N, K) weight (a function of N, K, target_ctas and the
 // device's SM count only).

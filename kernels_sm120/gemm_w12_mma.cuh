@@ -33,8 +33,9 @@ struct GemmArgs : GemmOperands {
                             // caller from W12_GEMM_PDL); v3: 128 = its trigger after the main
                             // loop; v1: 1 = skip decode/MMA, 2 = skip the reduction (1 and 2 give
                             // wrong output), 4 = global-memory reduction even where clusters
-                            // exist, 8 = 8-warp CTAs at M <= 16, 16 = cluster reduction at M <= 8
-                            // too, 512 = the in-kernel ticket reduction at M <= 8 instead of the
+                            // exist, 8 = 8-warp CTAs at every M (default: only where the grid
+                            // is small, at M <= 32), 524288 = never 8-warp CTAs, 16 = cluster
+                            // reduction at M <= 8 too, 512 = the in-kernel ticket reduction at M <= 8 instead of the
                             // PDL reduce kernel; with PDL: 256 = trigger after the main loop,
                             // 1024 = no L2 prefetch before the wait, 2048 = shared memory padded
                             // to <= target_ctas / SMs CTAs per SM (reduce-kernel path), bits

@@ -53,6 +53,12 @@ constexpr int kReduceKernel = 1 << 20;
 // pulls its first records into L2 (always safe, see bulk_prefetch_l2); everything else follows
 // the wait.
 constexpr int kPdl = 1 << 21;
+// Set by the launcher: 8-warp CTAs (MTW = 1) for this launch (gemm_launch says when).
+constexpr int kWide = 1 << 22;
+// Diagnostic: never 8-warp CTAs (diagnostic 8 forces them at every token count instead).
+constexpr int kDiagNarrow = 1 << 19;
+// Largest token count the launcher gives 8-warp CTAs to (where the grid is small; gemm_launch).
+constexpr int kWideMaxTokens = 32;
 // Records per CTA prefetched into L2 before the wait (diagnostic bits 12..15 override it): enough
 // to cover the load latency of the first ring stages, little enough that the early CTAs of a
 // whole launch (~264 x 48 KB) stay far below the 50 MB L2 the running kernel streams through.
@@ -501,11 +507,14 @@ cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
   return launch_ex(gemm_w12_reduce_kernel<NCH, MTW>, dim3(tiles, NCH), dim3(256 / MTW), 0, stream, 1, true, p);
 }
 
-cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, bool wide, cudaStream_t stream) {
+// The reduce kernel runs with the GEMM's CTA shape (kWide): each thread reads the partials the
+// same-numbered GEMM thread parked.
+cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStream_t stream) {
+  const bool wide = (p.flags & kWide) != 0;
   if (tokens <= 8) return wide ? launch_reduce<1, 1>(p, tiles, stream) : launch_reduce<1, 2>(p, tiles, stream);
   if (tokens <= 16) return wide ? launch_reduce<2, 1>(p, tiles, stream) : launch_reduce<2, 2>(p, tiles, stream);
-  if (tokens <= 32) return launch_reduce<4, 2>(p, tiles, stream);
-  return launch_reduce<8, 2>(p, tiles, stream);
+  if (tokens <= 32) return wide ? launch_reduce<4, 1>(p, tiles, stream) : launch_reduce<4, 2>(p, tiles, stream);
+  return wide ? launch_reduce<8, 1>(p, tiles, stream) : launch_reduce<8, 2>(p, tiles, stream);
 }
 
 template <int NCH, int STAGES, int MTW>
@@ -526,14 +535,13 @@ cudaError_t launch_one(const KParams& p, int grid, int smem_min, int dev, cudaSt
 
 template <int STAGES>
 cudaError_t launch_stages(const KParams& p, int grid, int tokens, int smem_min, int dev, cudaStream_t stream) {
-  // 4-warp CTAs by default; 8-warp CTAs (flag 8, M <= 16 only) were measured no faster
-  // (docs/perf-notes.md). Identical results either way.
-  const bool wide = (p.flags & 8) != 0;
+  const bool wide = (p.flags & kWide) != 0;
   if (tokens <= 8) return wide ? launch_one<1, STAGES, 1>(p, grid, smem_min, dev, stream) : launch_one<1, STAGES, 2>(p, grid, smem_min, dev, stream);
   if (tokens <= 16)
     return wide ? launch_one<2, STAGES, 1>(p, grid, smem_min, dev, stream) : launch_one<2, STAGES, 2>(p, grid, smem_min, dev, stream);
-  if (tokens <= 32) return launch_one<4, STAGES, 2>(p, grid, smem_min, dev, stream);
-  return launch_one<8, STAGES, 2>(p, grid, smem_min, dev, stream);
+  if (tokens <= 32)
+    return wide ? launch_one<4, STAGES, 1>(p, grid, smem_min, dev, stream) : launch_one<4, STAGES, 2>(p, grid, smem_min, dev, stream);
+  return wide ? launch_one<8, STAGES, 1>(p, grid, smem_min, dev, stream) : launch_one<8, STAGES, 2>(p, grid, smem_min, dev, stream);
 }
 
 int nchunks_for(int tokens) { return tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : 8; }
@@ -627,7 +635,15 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     const bool reduce_kernel = s > 1 && !p.cluster && major >= 9 && !(a.flags & (2 | 512));
     // PDL on sm_90+ (sm_80 has none) unless diagnostic 32 (W12_GEMM_PDL=0) turns it off.
     const bool pdl = major >= 9 && !(a.flags & 32);
-    p.flags = (reduce_kernel ? (a.flags | kReduceKernel) : a.flags) | (pdl ? kPdl : 0);
+    // 8-warp CTAs where the grid leaves every SM <= 2 CTAs (o, down, k/v, 32B [10240, 5120] and
+    // [5120, 25600] at 2 x 132 target CTAs): 4-warp CTAs there give an SM only 8 warps to hide
+    // the decode chain, while grids of ~3+ CTAs per SM already have 12. Measured (session 7,
+    // docs/perf-notes.md) at 1..32 tokens: down -5..11 %, o -1..7 %; qkv, gate_up and lm_head
+    // +4..16 % (so not there); at 64 tokens mixed (o -4 %, 32B +1..2 %), so 4 warps there.
+    // Same MMAs in the same order either way: the bits do not change.
+    const bool wide = (a.flags & 8) || (!(a.flags & kDiagNarrow) && tokens <= kWideMaxTokens &&
+                                        (long)nt * s <= 2L * di.sms);
+    p.flags = (reduce_kernel ? (a.flags | kReduceKernel) : a.flags) | (pdl ? kPdl : 0) | (wide ? kWide : 0);
     // Diagnostic 2048: with PDL the next GEMM's CTAs are placed while the reduce kernel's are
     // still resident; pad shared memory so an SM holds at most target_ctas / SMs of them.
     int smem_min = 0;
@@ -642,7 +658,7 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     }
     if (err != cudaSuccess) return err;
     if (reduce_kernel) {
-      err = launch_reduce_for(p, nt, tokens, (a.flags & 8) != 0, stream);
+      err = launch_reduce_for(p, nt, tokens, stream);
       if (err != cudaSuccess) return err;
     }
   }
@@ -659,11 +675,11 @@ cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cud
   p.kper = (p.KT + S - 1) / S;
   p.ldx = a.ldx;
   p.ldy = a.ldy;
-  p.flags = a.flags | kReduceKernel | kPdl;
+  p.flags = (a.flags & ~8) | kReduceKernel | kPdl;  // v4 parks partials in the 4-warp map
   p.x = a.x + (int64_t)m0 * a.ldx;
   p.y = a.y + (int64_t)m0 * a.ldy;
   p.M = tokens;
-  return launch_reduce_for(p, (a.N + 127) / 128, tokens, false, stream);
+  return launch_reduce_for(p, (a.N + 127) / 128, tokens, stream);
 }
 
 cudaError_t gemm_check_device() {

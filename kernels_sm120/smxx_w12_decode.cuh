@@ -119,6 +119,13 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, 
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n));
 }
+// 16 bytes through L1 (.ca): v4's activation tiles. The CTAs an SM holds at once mostly work on
+// the same K slice (blocks b, b + SMs, ... share b % S when S divides the SM count), so their
+// tiles are the same bytes and L1 serves all but the first (measured, session 7: v4 +4..13 % at
+// 16-64 tokens over .cg; v1's activation copies measured 1-2 % slower through L1 and stay .cg).
+__device__ __forceinline__ void cp_async16_ca(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
 // The "memory" clobbers keep the compiler from moving ordinary shared-memory reads of a stage
 // above the wait that makes that stage's async copies visible.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }

@@ -7,20 +7,19 @@
 // issues 8 wgmma per 128x64 record whatever the token count, and they run asynchronously with the
 // copies of the following records.
 //
-// STATUS: compiled and SASS-checked (HGMMA 64xNx16, no spills), not yet run on a GPU; opt-in
-// (W12_GEMM_KERNEL=v4) until the GPU tests and bench_gemm have measured it.
+// STATUS: opt-in (W12_GEMM_KERNEL=v4): v1 is faster at most M (docs/perf-notes.md, session 7).
 //
-// - Records stay in layout 1 (smxx_w12_decode.cuh), the same bytes as v1-v3: warp w's decoded
-//   m-tile mt (rows 32w + 16mt + 0..15) is its 16-row slice of the wgmma for mt, so the two wgmma
-//   of a k-step cover rows {32w + 0..15} and {32w + 16..31}. Layout 1 permutes each k-step's 16
-//   columns (MMA-k index kappa <-> column 16*((kappa&7)>>1) + 4ks + 2*(kappa>>3) + (kappa&1)); the
-//   activation tile is stored with the same permutation, by 4-byte cp.async, as K-major core
-//   matrices without swizzle: column pair w (0..31) of token r goes to chunk 2ks + b, byte 4a, with
-//   w = 8a + 2ks + b; chunk c of the tile is [T tokens][16 B] (LBO = T*16 between the two K chunks
-//   of a k-step, SBO = 128 B between 8-token groups).
-// - K-split and reduction like v1's cluster path: gemm_splits() slices (a function of N, K and the
-//   SM count, never of M); the S slices of a row tile form a thread-block cluster and add their
-//   partials in rank order through distributed shared memory, so the bits are the same for every M.
+// - Records in layout 2 (w12/layouts.py: layout 1's slots and decode, MMA k in column order):
+//   warp w's decoded m-tile mt (rows 32w + 16mt + 0..15) is its 16-row slice of the wgmma for mt,
+//   so the two wgmma of a k-step cover rows {32w + 0..15} and {32w + 16..31}; k-step ks covers
+//   columns 16ks..16ks+15. The activation tile is K-major core matrices without swizzle: chunk c
+//   (columns 8c..8c+7) is [T tokens][16 B], copied from x 16 bytes at a time (LBO = T*16 between
+//   the two K chunks of a k-step, SBO = 128 B between 8-token groups). Session 7 moved v4 from
+//   layout 1, whose column permutation made every 16-byte core-matrix row a gather of four
+//   4-byte pairs (ncu at 64 tokens: L1/TEX 79 % busy).
+// - K-split like v1: gemm_splits() slices (a function of N, K and the SM count, never of M); the
+//   slices park partials that v1's PDL reduce kernel adds in slice order, so the bits are the
+//   same for every M.
 // - Each thread streams its own fragment bytes of every record (v1's per-thread cp.async ring,
 //   STAGES deep); fence.proxy.async makes the activation tile visible to wgmma.
 #include <cuda_bf16.h>
@@ -68,11 +67,6 @@ __device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v)::"memo
 __device__ __forceinline__ uint64_t smem_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
   return (uint64_t)((saddr >> 4) & 0x3FFFu) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
          ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32);
-}
-
-// 4-byte copy that writes zeros when !valid (tokens >= M of the activation tile).
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
 }
 
 #endif
@@ -153,14 +147,24 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   const uint32_t sbase = smem_u32(smem);
   const uint32_t hi_off = warp * 2048 + lane * 16, lo_off = 8192 + warp * 1024 + lane * 8;
 
-  // B tile copies: thread (warp, lane) owns column pair `lane` of token rows warp + 4u, so its
-  // offsets are fixed for the whole loop (computed once: recomputing them per stage in a generic
-  // loop, with zero-fills for every row past M, was most of this loop's extra instructions over
-  // v1's; docs/perf-notes.md). Rows >= M are zeroed once below and never copied.
-  constexpr int kXU = T / 4;  // rows per thread
-  const int xa = lane >> 3, xks = (lane >> 1) & 3, xb = lane & 1;
-  const uint32_t xdst0 = kRec + (2 * xks + xb) * (T * 16) + warp * 16 + 4 * xa;
-  const int xoff0 = warp * (int)p.ldx + 2 * lane;  // ldx < 2^24 (gemm_check_args)
+  // B tile copies (layout 2: the tile in column order). Chunk c of the tile holds columns
+  // 8c..8c+7 of every token as [T tokens][16 B], so each 16-byte piece is one 16-byte copy from x.
+  // A warp copies 8 tokens x 4 chunks per instruction: 64 contiguous bytes of each of 8 rows of x
+  // (whole 32-byte sectors), written as four 128-byte runs (no bank conflict beyond the four
+  // wavefronts 512 bytes need), through L1 (cp_async16_ca: the CTAs of an SM share K slices;
+  // layout 1's 4-byte copies went through L1 too, and the same 16-byte copies via .cg were
+  // 5-10 % slower than those at 32-64 tokens). Piece tid + 128u is token
+  // 8 * tg + (lane & 7), chunk 4 * ch + (lane >> 3), with warp + 4u = ch * W + tg over the W = T / 8
+  // token groups. Rows >= M are zeroed once below and never copied.
+  constexpr int W8 = T / 8;
+  constexpr int kXU = (T * 8 + kThreads - 1) / kThreads;  // pieces per thread (T = 8: warps 0-1 only)
+  const int xr0 = 8 * (warp % W8) + (lane & 7), xc0 = 4 * (warp / W8) + (lane >> 3);
+  const bool x_mine = xc0 < 8;
+  const uint32_t xdst0 = kRec + xc0 * (T * 16) + xr0 * 16;
+  const int xoff0 = xr0 * (int)p.ldx + 8 * xc0;  // ldx < 2^24 (gemm_check_args)
+  // Piece u's token-row and chunk offsets (compile-time: warp < 4 <= W8 whenever kXU > 1).
+  auto xrow = [](int u) { return 8 * ((4 * u) % W8); };
+  auto xchunk = [](int u) { return 4 * ((4 * u) / W8); };
   const uint8_t* hi_src = rec0 + hi_off;
   const uint8_t* lo_src = rec0 + lo_off;
 
@@ -175,15 +179,19 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     const uint16_t* xs = p.x + (int64_t)(kt0 + i) * 64;
 #pragma unroll
     for (int u = 0; u < kXU; ++u)
-      if (warp + 4 * u < p.M) cp_async4(dst + xdst0 + u * 64, xs + xoff0 + u * 4 * (int)p.ldx);
+      if (x_mine && xr0 + xrow(u) < p.M)
+        cp_async16_ca(dst + xdst0 + xchunk(u) * (T * 16) + xrow(u) * 16,
+                      xs + xoff0 + xrow(u) * (int)p.ldx + 8 * xchunk(u));
   };
   // Rows >= M of every stage's B tile: zero once (the copies never write them); the first
   // __syncthreads of the loop orders these stores before any wgmma reads them.
 #pragma unroll
-  for (int sl = 0; sl < STAGES; ++sl)
+  for (int u = 0; u < kXU; ++u)
+    if (x_mine && xr0 + xrow(u) >= p.M)
 #pragma unroll
-    for (int u = 0; u < kXU; ++u)
-      if (warp + 4 * u >= p.M) *reinterpret_cast<uint32_t*>(smem + sl * kStage + xdst0 + u * 64) = 0u;
+      for (int sl = 0; sl < STAGES; ++sl)
+        *reinterpret_cast<uint4*>(smem + sl * kStage + xdst0 + xchunk(u) * (T * 16) + xrow(u) * 16) =
+            make_uint4(0u, 0u, 0u, 0u);
 
   float acc[2][ND];
 #pragma unroll
@@ -200,10 +208,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   // Per record: retire the previous record's wgmma (its stage and the A registers become free),
   // decode this record into registers, refill the freed stage, issue this record's 8 wgmma and
   // let them run while the next record's copies land. OVERLAP instead decodes record i into one
-  // of two A buffers *before* retiring record i-1's wgmma, so decode and tensor cores overlap;
-  // ptxas then serialises every wgmma (warning C7513: it treats any definition of a wgmma source
-  // register inside an open wgmma pipeline stage as a hazard), so which form wins is measured
-  // (W12_GEMM_DIAG bit 64 selects OVERLAP; identical bits either way).
+  // of two A buffers *before* retiring record i-1's wgmma, so decode and tensor cores overlap
+  // (W12_GEMM_DIAG bit 64; identical bits either way). Measured in session 7 with ptxas no longer
+  // serialising it (see the loop below): within 1-2 % of the plain form either way, so the
+  // wgmma wait is not what limits this kernel.
   // Ring slots as running indices (i % STAGES cost a multiply-shift sequence, three per step).
   int rd_slot = 0, wr_slot = STAGES - 1;
   auto step = [&](int i, uint32_t(&buf)[32]) {
@@ -242,11 +250,16 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     wgmma_commit();
   };
   if constexpr (OVERLAP) {
+    // No control-flow path may reach a decode into a buffer whose wgmma has not been retired:
+    // ptxas cannot tell that a conditional second step is never followed by another pass, and
+    // with `if (i + 1 < nrec) step(i + 1, a1)` inside the loop it serialised every wgmma (C7513).
     uint32_t a0[32], a1[32];
-    for (int i = 0; i < nrec; i += 2) {
+    int i = 0;
+    for (; i + 1 < nrec; i += 2) {
       step(i, a0);
-      if (i + 1 < nrec) step(i + 1, a1);
+      step(i + 1, a1);
     }
+    if (i < nrec) step(i, a0);
   } else {
     uint32_t a[32];
     for (int i = 0; i < nrec; ++i) step(i, a);

@@ -64,11 +64,13 @@ def _bf16_pair_to_f64(reg):
     return lo.view(np.float32).astype(np.float64), hi.view(np.float32).astype(np.float64)
 
 
-def emulate_record_gemm(record: np.ndarray, base: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """What the kernel computes for one layout-1 record (before escapes): [128 rows, T tokens].
+def emulate_record_gemm(record: np.ndarray, base: np.ndarray, x: np.ndarray, layout: int = 1) -> np.ndarray:
+    """What a kernel computes for one record (before escapes): [128 rows, T tokens].
 
     Walks the kernel's steps: per-thread loads, decode16, the m16n8k16 fragment definitions of the
-    PTX ISA, the activation words each thread loads, then the row scale 2^(b - E0).
+    PTX ISA (wgmma's register A fragment is the same per warp), the activation columns that meet
+    each MMA k index (layout 1: the words the mma.sync thread loads; layout 2: column 16ks + k,
+    the wgmma B tile in column order), then the row scale 2^(b - E0).
     """
     T = x.shape[0]
     x16 = x.astype(np.float64)
@@ -92,7 +94,10 @@ def emulate_record_gemm(record: np.ndarray, base: np.ndarray, x: np.ndarray) -> 
                         A[row, kk], A[row, kk + 1] = v0, v1
                     # activation words the thread loads: cols 16t .. 16t+15, word 2ks -> b0, 2ks+1 -> b1
                     for n in range(g, T, 8):
-                        cols = 16 * t + 4 * ks + np.array([0, 1, 2, 3])
+                        if layout == 1:
+                            cols = 16 * t + 4 * ks + np.array([0, 1, 2, 3])
+                        else:
+                            cols = 16 * ks + 2 * t + np.array([0, 1, 8, 9])
                         B[2 * t, n], B[2 * t + 1, n] = x16[n, cols[0]], x16[n, cols[1]]
                         B[2 * t + 8, n], B[2 * t + 9, n] = x16[n, cols[2]], x16[n, cols[3]]
                 out[32 * w + 16 * mt : 32 * w + 16 * mt + 16] += A @ B
@@ -107,7 +112,15 @@ def test_layout1_registered_and_a_permutation():
     assert cuda_ops.preferred_layout("cpu") == 0
 
 
-def test_kernel_emulation_matches_reference_decode(rng):
+def test_v4_prefers_layout2(monkeypatch):
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    assert cuda_ops.preferred_layout() == layouts.WGMMA_LAYOUT
+    assert cuda_ops.preferred_layout("cpu") == 0
+    assert [cuda_ops.kernel_layout(v) for v in (1, 2, 3, 4)] == [1, 1, 1, 2]
+
+
+@pytest.mark.parametrize("layout", [layouts.MMA_SYNC_LAYOUT, layouts.WGMMA_LAYOUT])
+def test_kernel_emulation_matches_reference_decode(layout, rng):
     # Random codes everywhere (code 0 slots included), random row bases: the emulated kernel must
     # equal W_decoded @ x^T where W_decoded is the reference decode of the same record.
     rec0 = torch.randint(0, 256, (1, 1, RECORD_BYTES), dtype=torch.uint8, generator=rng)
@@ -115,21 +128,24 @@ def test_kernel_emulation_matches_reference_decode(rng):
     ptr = torch.zeros(129, dtype=torch.int32)
     empty_i, empty_v = torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int16)
     w = reference.decode(rec0, base, ptr, empty_i, empty_v, 128, 64).double().numpy()
-    rec1 = convert_layout(rec0, 0, layouts.MMA_SYNC_LAYOUT)[0, 0].numpy()
+    rec1 = convert_layout(rec0, 0, layout)[0, 0].numpy()
     x = torch.randn(11, 64, generator=rng).to(torch.bfloat16).float().numpy()
-    got = emulate_record_gemm(rec1, base.numpy(), x)
+    got = emulate_record_gemm(rec1, base.numpy(), x, layout)
     want = w @ x.T.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-30)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (128, 64), (130, 65), (300, 200)])
-def test_layout1_roundtrip_and_decode(shape, rng):
+@pytest.mark.parametrize("layout", [layouts.MMA_SYNC_LAYOUT, layouts.WGMMA_LAYOUT])
+def test_kernel_layout_roundtrip_and_decode(shape, layout, rng):
     wt = (torch.randn(shape, generator=rng) * 0.05).to(torch.bfloat16)
     wt.view(-1)[:: max(1, wt.numel() // 7)] = 0.0  # a few escapes
     w = w12.pack(wt)
-    w1 = w.with_layout(layouts.MMA_SYNC_LAYOUT)
-    assert torch.equal(convert_layout(w1.records, 1, 0), w.records)
+    w1 = w.with_layout(layout)
+    assert torch.equal(convert_layout(w1.records, layout, 0), w.records)
     assert torch.equal(w12.unpack(w1).view(torch.int16), wt.view(torch.int16))
+    other = layouts.WGMMA_LAYOUT if layout == layouts.MMA_SYNC_LAYOUT else layouts.MMA_SYNC_LAYOUT
+    assert torch.equal(w1.with_layout(other).with_layout(0).records, w.records)
 
 
 def _inputs(n=130, k=70, m=3, rng=None):

@@ -144,7 +144,7 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
     gen = torch.Generator().manual_seed(11)
     wt = _weight(n, k, gen, spread=False)
-    w = w12.pack(wt).to(DEV).with_layout(1)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
     x = torch.randn(128, k, generator=gen).to(torch.bfloat16).to(DEV)
     full = w12.linear(x, w).view(torch.int16)
     again = w12.linear(x, w).view(torch.int16)
@@ -156,7 +156,7 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     assert torch.equal(w12.linear(x[64:].clone(), w).view(torch.int16), full[64:])
 
 
-@pytest.mark.parametrize("m", [1, 3, 16, 37])
+@pytest.mark.parametrize("m", [1, 3, 16, 37, 64])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000)])
 @pytest.mark.parametrize(
     "variant",
@@ -170,6 +170,8 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
         "65536",
         "131072",
         "131080",
+        "524288",
+        "524292",
         "pdl",
         "pdl:256",
         "pdl:1024",
@@ -180,7 +182,8 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
 )
 def test_kernel_variants_agree(n, k, m, variant, monkeypatch):
     # Reduction by the reduce kernel (sm_90+) or global memory (4: forced),
-    # 4-warp or 8-warp CTAs (8: 8-warp at M <= 16), cluster also at M <= 8 (16), the in-kernel
+    # 4-warp or 8-warp CTAs (8: 8-warp at every M; 524288: never, where the launcher would pick
+    # them for these small grids at M <= 32), cluster also at M <= 8 (16), the in-kernel
     # ticket reduction instead of the PDL reduce kernel (512), the cluster reduction above 8 tokens
     # instead of the reduce kernel (65536; not where S > 8), records copied per thread with cp.async
     # instead of one bulk copy (131072, and with 8-warp CTAs: 131080); programmatic dependent
@@ -312,7 +315,7 @@ def test_graph_replays_with_new_inputs(kernel, monkeypatch):
     monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
     gen = torch.Generator().manual_seed(51)
     wt = _weight(384, 5000, gen)
-    w = w12.pack(wt).to(DEV).with_layout(1)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
     xs = [torch.randn(5, 5000, generator=gen).to(torch.bfloat16).to(DEV) for _ in range(4)]
     eager = [w12.linear(x, w) for x in xs]
     static_x = xs[0].clone()
@@ -411,7 +414,10 @@ def test_back_to_back_in_a_graph(kernel, m, pdl, monkeypatch):
     monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
     monkeypatch.setenv("W12_GEMM_PDL", pdl)
     gen = torch.Generator().manual_seed(101)
-    ws = [w12.pack(_weight(1024, 1024, gen, spread=False) * 0.03).to(DEV).with_layout(1) for _ in range(6)]
+    ws = [
+        w12.pack(_weight(1024, 1024, gen, spread=False) * 0.03).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+        for _ in range(6)
+    ]
     x0 = torch.randn(m, 1024, generator=gen).to(torch.bfloat16).to(DEV)
 
     def chain(x):
@@ -447,12 +453,32 @@ def test_v4_overlap_form_changes_no_bit(n, k, m, monkeypatch):
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     gen = torch.Generator().manual_seed(111 + m)
     wt = _weight(n, k, gen, spread=False)
-    w = w12.pack(wt).to(DEV).with_layout(1)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
     a = w12.linear(x, w)
     _assert_close(a, _ref(x, wt.to(DEV)), x, wt.to(DEV))
     monkeypatch.setenv("W12_GEMM_DIAG", "64")
     assert torch.equal(w12.linear(x, w).view(torch.int16), a.view(torch.int16))
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [1, 8, 17, 64])
+def test_v4_reads_layout2_and_permutes_others(m, monkeypatch):
+    # v4 reads layout 2 (MMA k in column order); records in layout 1 or 0 are permuted on every
+    # call, with a warning, and must give the same bits.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    assert cuda_ops.preferred_layout(DEV) == layouts.WGMMA_LAYOUT
+    gen = torch.Generator().manual_seed(131 + m)
+    wt = _weight(640, 1000, gen)
+    w = w12.pack(wt).to(DEV)
+    x = torch.randn(m, 1000, generator=gen).to(torch.bfloat16).to(DEV)
+    y2 = w12.linear(x, w.with_layout(layouts.WGMMA_LAYOUT))
+    _assert_close(y2, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+    cuda_ops._WARNED.clear()
+    for lay in (layouts.MMA_SYNC_LAYOUT, 0):
+        with pytest.warns(RuntimeWarning, match="permuting on every call"):
+            y = w12.linear(x, w.with_layout(lay))
+        assert torch.equal(y.view(torch.int16), y2.view(torch.int16)), f"layout {lay}"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")

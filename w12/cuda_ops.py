@@ -18,7 +18,7 @@ Settings (environment, read on each call):
       (N, K, SM count, this value) only, never of M.
   ``W12_GEMM_STAGES`` (default 0): v2: cap on the shared-memory ring depth (0 = as deep as fits,
       at most 16); v1: async-copy ring depth (4, else 3).
-  ``W12_GEMM_FALLBACK_M`` (default 64): above this many token rows the op decodes the weight
+  ``W12_GEMM_FALLBACK_M`` (default 128): above this many token rows the op decodes the weight
       and calls cuBLAS instead of running the fused kernel in 64-row passes (the kernel's
       determinism across M holds for M up to this value).
   ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3 and v1:
@@ -45,7 +45,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 4
+_GEMM_ABI = 5
 
 
 def library_path() -> Path:
@@ -81,11 +81,21 @@ def available() -> bool:
     return True
 
 
+def kernel_layout(kver: int) -> int:
+    """The record layout GEMM kernel ``kver`` reads: 2 for v4 (wgmma), 1 for v1-v3."""
+    return layouts.WGMMA_LAYOUT if kver == 4 else layouts.MMA_SYNC_LAYOUT
+
+
 def preferred_layout(device=None) -> int:
-    """The record layout the CUDA GEMM reads (layout 1); 0 where no kernel would run."""
+    """The record layout the CUDA GEMM reads; 0 where no kernel would run.
+
+    Layout 1 unless ``W12_GEMM_KERNEL=v4`` selects the wgmma kernel, which reads layout 2
+    (``auto`` never picks v4). Loaders store records in this layout, so set the variable before
+    loading a model; records in another layout still work, permuted on every call (a warning says so).
+    """
     if device is not None and torch.device(device).type != "cuda":
         return 0
-    return layouts.MMA_SYNC_LAYOUT
+    return kernel_layout(4) if os.environ.get("W12_GEMM_KERNEL") == "v4" else layouts.MMA_SYNC_LAYOUT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +116,14 @@ def _gemm_lib() -> ctypes.CDLL:
         raise RuntimeError(
             f"{library_path()} has GEMM ABI {so.w12_gemm_abi_version()}, this w12 expects {_GEMM_ABI}: rebuild it"
         )
+    so.w12_gemm_kernel_layout.restype = _INT
+    so.w12_gemm_kernel_layout.argtypes = [_INT]
+    for kv in (1, 2, 3, 4):  # the kernels and w12.layouts must agree on what each reads
+        if so.w12_gemm_kernel_layout(kv) != kernel_layout(kv):
+            raise RuntimeError(
+                f"{library_path()}: GEMM kernel v{kv} reads layout {so.w12_gemm_kernel_layout(kv)}, "
+                f"w12.cuda_ops expects {kernel_layout(kv)}: rebuild it"
+            )
     so.w12_gemm.restype = _INT
     so.w12_gemm.argtypes = [_VP, _I64, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _I64, _INT, _INT, _INT, _VP, _VP]
     so.w12_gemm.argtypes += [_INT, _INT, _INT, _INT, _VP]
@@ -354,17 +372,19 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(out_shape)
-    if layout != layouts.MMA_SYNC_LAYOUT:
+    kver = kernel_version(n, k, device)
+    need = kernel_layout(kver)
+    if layout != need:
         # Loaders keep records in preferred_layout(); permuting on every call is correct but slow.
         _warn_once(
-            f"layout{layout}",
-            f"w12.linear: records in layout {layout}, the CUDA GEMM reads layout {layouts.MMA_SYNC_LAYOUT}; "
+            f"layout{layout}->{need}",
+            f"w12.linear: records in layout {layout}, GEMM kernel v{kver} reads layout {need}; "
             "permuting on every call (store them with W12Weight.with_layout(w12.cuda_ops.preferred_layout()))",
         )
-        records = _permute(records, layout, layouts.MMA_SYNC_LAYOUT)
-    if m > _env_int("W12_GEMM_FALLBACK_M", 64):
+        records = _permute(records, layout, need)
+    if m > _env_int("W12_GEMM_FALLBACK_M", 128):
         # Prefill: decode once and let cuBLAS run the GEMM (documented in docs/perf-notes.md).
-        w = torch.ops.w12.unpack(records, base, esc_ptr, esc_col, esc_val, n, k, layouts.MMA_SYNC_LAYOUT, False)
+        w = torch.ops.w12.unpack(records, base, esc_ptr, esc_col, esc_val, n, k, need, False)
         return F.linear(x2, w, None if bias is None else bias.to(torch.bfloat16)).view(out_shape)
     kp = ceil_div(k, TILE_K) * TILE_K
     if kp != k or x2.data_ptr() % 16:
@@ -374,12 +394,11 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     y = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     tgt = sm * _env_int("W12_GEMM_CTAS_PER_SM", 2)
     stages = _env_int("W12_GEMM_STAGES", 0, allowed={0, *range(2, 17)})
-    kver = kernel_version(n, k, device)
     ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt, sm, kver))
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     stream = torch.cuda.current_stream(device)
     counters = _counters(device, stream, int(so.w12_gemm_counters(n, k, tgt, kver))) if ws_bytes else None
-    flags = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 18)) if "W12_GEMM_DIAG" in os.environ else 0
+    flags = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 20)) if "W12_GEMM_DIAG" in os.environ else 0
     if not _pdl(kver):  # read (and checked) on every call; v1 and v3 use the bit
         flags |= 32
     code = so.w12_gemm(

@@ -10,6 +10,14 @@ Slot ``i = 2048*w + 512*q + 16*lane + e`` (warp w, lane = 4g + t, vector q, byte
 ``R = 8q + 2*(e // 4) + (e & 1)``, half ``h = (e >> 1) & 1``; register ``R = 16*mt + 4*ks + r``
 is operand ``a_r`` of ``mma.m16n8k16`` for m-tile mt and k-step ks, i.e. element
 ``row = 32w + 16mt + g + 8*(r & 1)``, ``col = 16t + 4ks + 2*(r >> 1) + h`` of the 128x64 tile.
+That column map keeps a thread's activation operand contiguous (columns 16t..16t+15 over the four
+k-steps), which is what the mma.sync kernels load from shared memory.
+
+Layout 2, ``wgmma_natural_k``: the same slots and the same decode, but MMA-k index kappa of k-step
+ks is column ``16ks + kappa`` (``col = 16ks + 2t + 8*(r >> 1) + h``). The Hopper kernel
+(``kernels_sm90/gemm_w12_wgmma_sm90.cu``) reads its activation operand from shared memory through
+a wgmma descriptor whose 16-byte core-matrix rows are 8 consecutive k: with layout 1 those rows
+gather four column pairs 16 apart (4-byte copies); with layout 2 each is 16 contiguous bytes of x.
 """
 
 from __future__ import annotations
@@ -20,10 +28,11 @@ from .format import TILE_ELEMS, TILE_K, register_layout
 
 MMA_SYNC_LAYOUT = 1
 MMA_SYNC_NAME = "mma_sync_m16n8k16 (4 warps x 32 rows, A fragments contiguous per thread)"
+WGMMA_LAYOUT = 2
+WGMMA_NAME = "wgmma_natural_k (layout 1's slots, MMA k in column order)"
 
 
-def mma_sync_perm() -> torch.Tensor:
-    """``perm[slot]`` = layout-0 index ``row * 64 + col`` of layout 1 (int64 [8192])."""
+def _fragment_perm(natural_k: bool) -> torch.Tensor:
     i = torch.arange(TILE_ELEMS)
     w, rem = i // 2048, i % 2048
     q, rem = rem // 512, rem % 512
@@ -33,8 +42,22 @@ def mma_sync_perm() -> torch.Tensor:
     h = (e >> 1) & 1
     mt, ks, r = reg // 16, (reg % 16) // 4, reg % 4
     row = 32 * w + 16 * mt + g + 8 * (r & 1)
-    col = 16 * t + 4 * ks + 2 * (r >> 1) + h
+    if natural_k:
+        col = 16 * ks + 2 * t + 8 * (r >> 1) + h
+    else:
+        col = 16 * t + 4 * ks + 2 * (r >> 1) + h
     return row * TILE_K + col
 
 
+def mma_sync_perm() -> torch.Tensor:
+    """``perm[slot]`` = layout-0 index ``row * 64 + col`` of layout 1 (int64 [8192])."""
+    return _fragment_perm(natural_k=False)
+
+
+def wgmma_perm() -> torch.Tensor:
+    """``perm[slot]`` = layout-0 index ``row * 64 + col`` of layout 2 (int64 [8192])."""
+    return _fragment_perm(natural_k=True)
+
+
 register_layout(MMA_SYNC_LAYOUT, MMA_SYNC_NAME, mma_sync_perm())
+register_layout(WGMMA_LAYOUT, WGMMA_NAME, wgmma_perm())
