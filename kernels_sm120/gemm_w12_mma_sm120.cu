@@ -521,15 +521,8 @@ template <int NCH, int STAGES, int MTW>
 cudaError_t launch_one(const KParams& p, int grid, int smem_min, int dev, cudaStream_t stream) {
   const int smem = max(STAGES * (kRecordBytes + NCH * 1024), smem_min);
   constexpr int threads = 256 / MTW;
-  auto kern = gemm_w12_mma_kernel<NCH, STAGES, MTW>;
-  // Raising the dynamic shared-memory limit is per device; once per (instantiation, device, size).
-  static int configured[64] = {0};
-  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  if (configured[dev] < smem) {
-    const cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    configured[dev] = smem;
-  }
+  constexpr auto kern = gemm_w12_mma_kernel<NCH, STAGES, MTW>;
+  if (const cudaError_t err = set_smem_limit_once<kern>(dev, smem); err != cudaSuccess) return err;
   return launch_ex(kern, dim3(grid), dim3(threads), smem, stream, p.cluster ? p.S : 1, (p.flags & kPdl) != 0, p);
 }
 

@@ -280,7 +280,7 @@ template <int NCH, int H>
 cudaError_t launch_slab(SlabParams p, const DevInfo& d, int dev, int cps_req, int stage_cap, bool pdl,
                         cudaStream_t stream) {
   using G_ = Geo<H>;
-  auto kern = gemm_w12_slab_kernel<NCH, H>;
+  constexpr auto kern = gemm_w12_slab_kernel<NCH, H>;
   p.xrows = NCH == 1 ? p.M : 8 * NCH;
   p.stage_bytes = (G_::kW + p.xrows * kXRow + 15) / 16 * 16;
   const int per_range = 2 * NCH * 32 * 16;  // one range's sums for the slab's two m-tiles
@@ -296,12 +296,7 @@ cudaError_t launch_slab(SlabParams p, const DevInfo& d, int dev, int cps_req, in
   const int per = (p.nslab + d.sms * cps - 1) / (d.sms * cps);
   p.G = (p.nslab + per - 1) / per;
   const int smem = p.red_bytes + G_::kWarps * p.S * p.stage_bytes;
-  static int configured[64] = {0};
-  if (!configured[dev]) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, d.smem_optin);
-    if (e != cudaSuccess) return e;
-    configured[dev] = 1;
-  }
+  if (const cudaError_t e = set_smem_limit_once<kern>(dev, d.smem_optin); e != cudaSuccess) return e;
   return launch_ex(kern, dim3(p.G), dim3(G_::kThreads), smem, stream, 1, pdl && d.major >= 9, p);
 }
 

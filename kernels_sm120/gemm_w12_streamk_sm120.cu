@@ -29,6 +29,7 @@
 
 #include "gemm_w12_mma.cuh"
 #include "smxx_gemm_common.cuh"
+#include "smxx_launch.cuh"
 #include "smxx_pipe.cuh"
 #include "smxx_w12_decode.cuh"
 
@@ -291,7 +292,7 @@ int stages_for(const DevInfo& d, int stage_bytes, int cps, int cap) {
 
 template <int NCH>
 cudaError_t launch_sk(SKParams p, int cps, int stage_cap, cudaStream_t stream) {
-  auto kern = gemm_w12_sk_kernel<NCH>;
+  constexpr auto kern = gemm_w12_sk_kernel<NCH>;
   DevInfo d;
   int dev_idx = 0;
   cudaError_t e = dev_info(d, dev_idx);
@@ -303,16 +304,11 @@ cudaError_t launch_sk(SKParams p, int cps, int stage_cap, cudaStream_t stream) {
   // Per (device, instantiation): raise the dynamic shared-memory limit once; check co-residency
   // for each (ring size, CTAs per SM) once. The owner of a split tile spins on flags set by
   // later CTAs, so every CTA of the grid must be resident at once.
-  static int configured[64] = {0};
   static int checked[64][kMaxStages + 1][4] = {};
   int dev = 0;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
   if (dev >= 64 || cps > 3) return cudaErrorInvalidValue;
-  if (!configured[dev]) {
-    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, d.smem_optin - 2 * kMaxStages * 8);
-    if (e != cudaSuccess) return e;
-    configured[dev] = 1;
-  }
+  if ((e = set_smem_limit_once<kern>(dev, d.smem_optin - 2 * kMaxStages * 8)) != cudaSuccess) return e;
   if (!checked[dev][p.S][cps]) {
     int nb = 0;
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, kThreads, smem);

@@ -37,4 +37,17 @@ cudaError_t launch_ex(void (*kern)(Params...), dim3 grid, dim3 block, size_t sme
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
+// Raises kernel `kern`'s dynamic shared-memory limit on device `dev` to `bytes` the first time a
+// launch there needs more than the limit set so far (the attribute is per device and per kernel;
+// setting it on every launch costs a driver call each time). One static record per kernel.
+template <auto kern>
+cudaError_t set_smem_limit_once(int dev, int bytes) {
+  static int limit[64] = {0};
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (limit[dev] >= bytes) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess) limit[dev] = bytes;
+  return e;
+}
+
 }  // namespace w12

@@ -315,15 +315,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
 template <int NCH, int STAGES, bool OVERLAP>
 cudaError_t launch_w(const WParams& p, int grid, cudaStream_t stream) {
   constexpr int smem = STAGES * (kRec + NCH * 8 * 128);
-  auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP>;
-  static int configured[64] = {0};
+  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP>;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  if (dev < 64 && !configured[dev]) {
-    if ((e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
-    configured[dev] = 1;
-  }
+  if ((e = set_smem_limit_once<kern>(dev, smem)) != cudaSuccess) return e;
   return launch_ex(kern, dim3(grid), dim3(kThreads), smem, stream, 1, false, p);
 }
 
