@@ -39,7 +39,7 @@ struct GemmArgs : GemmOperands {
                             // PDL reduce kernel; with PDL: 256 = trigger after the main loop,
                             // 1024 = no L2 prefetch before the wait, 2048 = shared memory padded
                             // to <= target_ctas / SMs CTAs per SM (reduce-kernel path), bits
-                            // 12..15 = records prefetched per CTA (0: 4); 65536 = cluster reduction
+                            // 12..15 = records prefetched per CTA (0: none); 65536 = cluster reduction
                             // above 8 tokens; 131072 = records copied per thread with cp.async
                             // above 16 tokens on sm_90+ too (default there: one bulk copy per
                             // record). None

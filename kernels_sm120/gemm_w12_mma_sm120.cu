@@ -59,10 +59,10 @@ constexpr int kWide = 1 << 22;
 constexpr int kDiagNarrow = 1 << 19;
 // Largest token count the launcher gives 8-warp CTAs to (where the grid is small; gemm_launch).
 constexpr int kWideMaxTokens = 32;
-// Records per CTA prefetched into L2 before the wait (diagnostic bits 12..15 override it): enough
-// to cover the load latency of the first ring stages, little enough that the early CTAs of a
-// whole launch (~264 x 48 KB) stay far below the 50 MB L2 the running kernel streams through.
-constexpr int kPrefetchRecords = 4;
+// Records per CTA prefetched into L2 before the wait (diagnostic bits 12..15 set 1..15). None by
+// default: on the lean loop the PDL launch gained most without it (session 7, run 12: qkv 14.5 ->
+// 14.1 us, o 11.3 -> 11.0 at M = 1); the early launch itself hides the CTAs' start-up.
+constexpr int kPrefetchRecords = 0;
 
 struct KParams : GemmOperands {
   float4* ws;

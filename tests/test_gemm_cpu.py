@@ -324,3 +324,22 @@ def test_wgmma_activation_tile_follows_layout1_k_order():
                     for n in range(tokens):
                         byte = (2 * ks + hi) * tokens * 16 + (n >> 3) * 128 + (n & 7) * 16 + (kappa & 7) * 2
                         assert tile[byte] == (n, want), (tokens, ks, kappa, n)
+
+
+def test_pdl_rule(monkeypatch):
+    # auto: v3 always; v1 only at <= 16 tokens with >= 4 K slices (timing only, never the bits).
+    slices = {(4096, 4096): 8, (28672, 4096): 2}
+    monkeypatch.setattr(cuda_ops, "splits", lambda n, k, device="cuda": slices[(n, k)])
+    monkeypatch.delenv("W12_GEMM_PDL", raising=False)
+    assert cuda_ops._pdl(1, 4096, 4096, 1, "cuda") and cuda_ops._pdl(1, 4096, 4096, 16, "cuda")
+    assert not cuda_ops._pdl(1, 4096, 4096, 17, "cuda")
+    assert not cuda_ops._pdl(1, 28672, 4096, 1, "cuda")
+    assert cuda_ops._pdl(3, 28672, 4096, 64, "cuda")
+    assert not cuda_ops._pdl(2, 4096, 4096, 1, "cuda") and not cuda_ops._pdl(4, 4096, 4096, 1, "cuda")
+    monkeypatch.setenv("W12_GEMM_PDL", "0")
+    assert not cuda_ops._pdl(1, 4096, 4096, 1, "cuda")
+    monkeypatch.setenv("W12_GEMM_PDL", "1")
+    assert cuda_ops._pdl(1, 28672, 4096, 64, "cuda")
+    monkeypatch.setenv("W12_GEMM_PDL", "yes")
+    with pytest.raises(ValueError, match="W12_GEMM_PDL"):
+        cuda_ops._pdl(1, 4096, 4096, 1, "cuda")

@@ -22,8 +22,8 @@ Settings (environment, read on each call):
       and calls cuBLAS instead of running the fused kernel in 64-row passes (the kernel's
       determinism across M holds for M up to this value).
   ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3 and v1:
-      ``auto`` = v3 only (what measured faster), ``1`` = both, ``0`` = neither. Timing only: the
-      bits never change. (v2/v4 never use it.)
+      ``auto`` = v3, and v1 at <= 16 tokens where K is split in >= 4 slices (what measured
+      faster), ``1`` = both always, ``0`` = neither. Timing only: the bits never change. (v2/v4 never use it.)
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); 1 and 2 skip work and give wrong results on purpose.
 """
@@ -237,17 +237,21 @@ def kernel_version(n: int | None = None, k: int | None = None, device="cuda") ->
     return _KERNELS[raw]
 
 
-def _pdl(kver: int) -> bool:
+def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     """Programmatic dependent launch of the GEMM: ``W12_GEMM_PDL`` auto (default) / 1 = on, 0 = off.
 
-    ``auto`` is what the H200 measured faster (docs/perf-notes.md): on for v3; off for v1, whose
-    PDL launch (records prefetched into L2 before griddepcontrol.wait) gains on chains of one
-    shape but loses 4-9 % on the mixed chain of a decode step. v2 and v4 have none.
+    ``auto`` is what the H200 measured faster (docs/perf-notes.md, session 7, run 13): on for v3,
+    and for v1 at <= 16 tokens where K is cut into >= 4 slices (qkv, o, down: short CTAs whose
+    start-up then overlaps the previous reduce kernel; -2..6 % at M = 1..16); off for v1's
+    long-CTA grids (gate_up, lm_head: no gain) and above 16 tokens (qkv +10 % at 32, down +20 %
+    at 64). Timing only: the bits never change. v2 and v4 have none.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
     if raw not in ("auto", "0", "1"):
         raise ValueError(f"W12_GEMM_PDL={raw!r} must be auto, 0 or 1")
-    return raw == "1" or (raw == "auto" and kver == 3)
+    if raw != "auto":
+        return raw == "1"
+    return kver == 3 or (kver == 1 and m <= 16 and splits(n, k, device) >= 4)
 
 
 def splits(n: int, k: int, device="cuda") -> int:
@@ -399,7 +403,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     stream = torch.cuda.current_stream(device)
     counters = _counters(device, stream, int(so.w12_gemm_counters(n, k, tgt, kver))) if ws_bytes else None
     flags = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 20)) if "W12_GEMM_DIAG" in os.environ else 0
-    if not _pdl(kver):  # read (and checked) on every call; v1 and v3 use the bit
+    if not _pdl(kver, n, k, m, device):  # read (and checked) on every call; v1 and v3 use the bit
         flags |= 32
     code = so.w12_gemm(
         x2.data_ptr(),
