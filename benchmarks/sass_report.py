@@ -73,10 +73,15 @@ def opcode(line: str) -> str:
 
 
 def main_loop(lines: list[str]) -> list[str]:
-    """The largest backward-branch range that contains a tensor-core instruction (the kernel's
-    main loop); [] when there is none."""
+    """The kernel's main loop: the smallest backward-branch range holding the most tensor-core
+    instructions; [] when no loop holds one.
+
+    Smallest, not largest: out-of-line blocks placed after the epilogue (an mbarrier wait's retry
+    path, for one) branch back into the loop, and their ranges span the whole kernel.
+    """
     addrs = [int(_ADDR.search(line).group(1), 16) for line in lines]
     best: list[str] = []
+    best_tensor = 0
     for i, line in enumerate(lines):
         m = _BRANCH.search(line)
         if not m:
@@ -85,8 +90,9 @@ def main_loop(lines: list[str]) -> list[str]:
         if target >= addrs[i]:
             continue
         body = [ln for ln, a in zip(lines, addrs) if target <= a <= addrs[i]]
-        if len(body) > len(best) and any(opcode(ln) in _TENSOR for ln in body):
-            best = body
+        tensor = sum(opcode(ln) in _TENSOR for ln in body)
+        if tensor and (tensor > best_tensor or (tensor == best_tensor and len(body) < len(best))):
+            best, best_tensor = body, tensor
     return best
 
 

@@ -48,6 +48,24 @@ def test_main_loop_is_the_one_with_the_tensor_core_instruction():
     assert sass_report.main_loop(sass_report.split_functions(LISTING)["_Z3barv"]) == []
 
 
+# The main loop (0x10..0x30) and an out-of-line retry block after the exit that branches back
+# into it (0x50 -> 0x20): that range holds the same HMMA but spans the whole kernel.
+LISTING_COLD = """
+		Function : _Z4coldv
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                  /* 0x00000a0000017a02 */
+        /*0010*/                   SYNCS.PHASECHK.TRANS64 P0, [R2], R3 ;   /* 0x000000030200 */
+        /*0020*/                   HMMA.16816.F32.BF16 R8, R12, R16, R8 ;  /* 0x000000100c08723c */
+        /*0030*/              @!P1 BRA 0x10 ;                              /* 0xfffffffc00e49947 */
+        /*0040*/                   EXIT ;                                  /* 0x000000000000794d */
+        /*0050*/                   BRA 0x20 ;                              /* 0xfffffffc00e49947 */
+"""
+
+
+def test_main_loop_ignores_cold_blocks_branching_back():
+    loop = sass_report.main_loop(sass_report.split_functions(LISTING_COLD)["_Z4coldv"])
+    assert [sass_report.opcode(line) for line in loop] == ["SYNCS", "HMMA", "BRA"]
+
+
 def test_report_rows():
     rows = sass_report.report(sass_report.split_functions(LISTING), "foo")
     assert len(rows) == 1
