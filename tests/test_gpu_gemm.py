@@ -156,7 +156,7 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     assert torch.equal(w12.linear(x[64:].clone(), w).view(torch.int16), full[64:])
 
 
-@pytest.mark.parametrize("m", [1, 3, 16, 37, 64])
+@pytest.mark.parametrize("m", [1, 3, 16, 31, 37, 64])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000)])
 @pytest.mark.parametrize(
     "variant",
