@@ -28,30 +28,62 @@ M32 = np.uint64(0xFFFFFFFF)
 
 
 def _prmt(a, b, sel):
+    """PTX prmt.b32 (default mode): selector bit 3 of a byte replicates the chosen byte's sign."""
     src = [(a >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(4)]
     src += [(b >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(4)]
     out = np.zeros_like(a)
     for i in range(4):
-        out |= src[(sel >> (4 * i)) & 7] << np.uint64(8 * i)
+        s = (sel >> (4 * i)) & 15
+        byte = src[s & 7]
+        if s & 8:
+            byte = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
+        out |= byte << np.uint64(8 * i)
     return out
 
 
 def _decode_pair(hw, nib, p, half):
-    x = _prmt(hw, np.zeros_like(hw), 0x2404 if p == 0 else 0x3414)
+    t = (_prmt(hw, np.zeros_like(hw), 0xA280 if p == 0 else 0xB391) << np.uint64(4)) & M32
     lo = _prmt(nib, np.full_like(nib, 0x38383838), 0x4140 if half == 0 else 0x4342)
-    return ((x & np.uint64(0x80008000)) | (x >> np.uint64(4)) | lo) & M32
+    sel = np.uint64(0x87F087F0)
+    return ((t & sel) | (lo & ~sel)) & M32
 
 
 def _decode16(hi_words, lo_words):
-    """hi_words [..., 4], lo_words [..., 2] (uint64 holding u32) -> 8 registers [..., 8]."""
-    m = np.uint64(0x0F0F0F0F)
-    e = [lo_words[..., i] & m for i in range(2)]
-    o = [(lo_words[..., i] >> np.uint64(4)) & m for i in range(2)]
+    """hi_words [..., 4], lo_words [..., 2] (uint64 holding u32) -> 8 registers [..., 8].
+
+    The nibble words are passed unmasked, as in the kernel (its final select drops the junk)."""
+    e = [lo_words[..., i] for i in range(2)]
+    o = [lo_words[..., i] >> np.uint64(4) for i in range(2)]
     regs = []
     for w in range(4):
         for p in range(2):
             regs.append(_decode_pair(hi_words[..., w], (e if p == 0 else o)[w // 2], p, w & 1))
     return np.stack(regs, axis=-1)
+
+
+def test_decode_pair_every_code():
+    """Every (hi byte, nibble) in every position of a pair decodes to s<<15 | (c+E0)<<7 | m."""
+    h = np.arange(256, dtype=np.uint64)
+    n = np.arange(16, dtype=np.uint64)
+    hh, nn = [a.ravel() for a in np.meshgrid(h, n, indexing="ij")]
+    rng = np.random.default_rng(0)
+    want = ((hh >> np.uint64(7)) << np.uint64(15)) | ((((hh >> np.uint64(3)) & np.uint64(15)) + np.uint64(E0)) << np.uint64(7))
+    want |= ((hh & np.uint64(7)) << np.uint64(4)) | nn
+    for p in range(2):
+        for half in range(2):
+            # the element pair (p, p + 2) of the hi word; junk in every other byte and nibble
+            junk = rng.integers(0, 2**32, size=(4, hh.size), dtype=np.uint64)
+            hw = junk[0] & ~((np.uint64(0xFF) << np.uint64(8 * p)) | (np.uint64(0xFF) << np.uint64(8 * (p + 2))))
+            hw |= (hh << np.uint64(8 * p)) | (junk[1] & np.uint64(0xFF)) << np.uint64(8 * (p + 2))
+            hw2 = (hw & ~(np.uint64(0xFF) << np.uint64(8 * (p + 2)))) | (hh << np.uint64(8 * (p + 2)))
+            nib = junk[2] & M32
+            byte0, byte1 = 2 * half, 2 * half + 1
+            nib = (nib & ~(np.uint64(0xF) << np.uint64(8 * byte0))) | (nn << np.uint64(8 * byte0))
+            nib = (nib & ~(np.uint64(0xF) << np.uint64(8 * byte1))) | (nn << np.uint64(8 * byte1))
+            r = _decode_pair(hw, nib, p, half)
+            assert np.array_equal(r & np.uint64(0xFFFF), want), (p, half)
+            r2 = _decode_pair(hw2, nib, p, half)
+            assert np.array_equal(r2 >> np.uint64(16), want), (p, half)
 
 
 def _words(b: np.ndarray) -> np.ndarray:

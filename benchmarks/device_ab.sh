@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A/B of two kernel libraries in one device call: w12/_kernels (B, the change) and
+# w12/_kernels/alt (A, the baseline; built with `python csrc/build.py --out w12/_kernels/alt`).
+# Usage: benchmarks/device_ab.sh [tests] -- [bench_gemm args...]; results in $OUT/ab.tgz (A_*.json, B_*.json).
+# Runs A, B, A, B so that a drift of the GPU or of cuBLAS between the runs shows.
+set -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-device_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+if [ "$1" = "tests" ]; then
+  timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_gemm.py -x -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/tests.txt"
+  shift
+fi
+[ "$1" = "--" ] && shift
+for round in 1 2; do
+  W12_KERNELS_LIB=w12/_kernels/alt/libw12.so timeout 250 python3 benchmarks/bench_gemm.py --json "$OUT/A_$round.json" "$@" 2>&1 |
+    grep -E "M=1:|graph set|rror" | sed "s/^/A$round /"
+  timeout 250 python3 benchmarks/bench_gemm.py --json "$OUT/B_$round.json" "$@" 2>&1 |
+    grep -E "M=1:|graph set|rror" | sed "s/^/B$round /"
+done
+# One archive: the device tool returns at most 8 files.
+(cd "$OUT" && tar czf ab.tgz A_*.json B_*.json && rm -f A_*.json B_*.json)
