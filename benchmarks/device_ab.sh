@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # A/B of two kernel libraries in one device call: w12/_kernels (B, the change) and
 # w12/_kernels/alt (A, the baseline; built with `python csrc/build.py --out w12/_kernels/alt`).
-# Usage: benchmarks/device_ab.sh [tests] -- [bench_gemm args...]; results in $OUT/ab.tgz (A_*.json, B_*.json).
+# Usage: benchmarks/device_ab.sh [tests|alltests] -- [bench_gemm args...] (tests: the GEMM GPU
+# tests first; alltests: every GPU test); results in $OUT/ab.tgz (A_*.json, B_*.json).
 # Runs A, B, A, B so that a drift of the GPU or of cuBLAS between the runs shows.
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
-if [ "$1" = "tests" ]; then
-  timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_gemm.py -x -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/tests.txt"
+if [ "$1" = "tests" ] || [ "$1" = "alltests" ]; then
+  what=tests/test_gpu_gemm.py
+  [ "$1" = "alltests" ] && what=tests
+  timeout 300 python3 -m pytest -q -m gpu "$what" -x -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/tests.txt"
   shift
 fi
 [ "$1" = "--" ] && shift
