@@ -67,7 +67,9 @@ def test_decode_pair_every_code():
     n = np.arange(16, dtype=np.uint64)
     hh, nn = [a.ravel() for a in np.meshgrid(h, n, indexing="ij")]
     rng = np.random.default_rng(0)
-    want = ((hh >> np.uint64(7)) << np.uint64(15)) | ((((hh >> np.uint64(3)) & np.uint64(15)) + np.uint64(E0)) << np.uint64(7))
+    want = ((hh >> np.uint64(7)) << np.uint64(15)) | (
+        (((hh >> np.uint64(3)) & np.uint64(15)) + np.uint64(E0)) << np.uint64(7)
+    )
     want |= ((hh & np.uint64(7)) << np.uint64(4)) | nn
     for p in range(2):
         for half in range(2):
