@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 8's closing device call: every GPU test on the final library, the GEMM benchmark as the
 # issues define it (auto: all shapes and M; v4 for issue 4), the 8-warp diagnostic at 16-64
-# tokens, and the e2e decode step at batches 1 and 8. Results under $OUT.
+# tokens, and the e2e decode step at batch 1. Results under $OUT.
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device_out}
@@ -18,7 +18,9 @@ timeout 150 python3 $B --kernels v4 --shapes llama8b,32b --m 1,16,32,64,128 --gr
 timeout 120 python3 $B --kernels auto --shapes llama8b --m 16,32,64 --diag 0,8 --no-check \
   --json "$OUT/gemm_h200_diag8.json" >> "$OUT/log.txt" 2>&1
 grep -E "M=1:|M=16:|graph set" "$OUT/log.txt"
-timeout 240 python3 benchmarks/bench_e2e_hf.py --batches 1,8 --sides bf16,bf16_fused,w12 --no-generate \
+# Batch 1, two sides: three sides at batches 1 and 8 spend ~4 min in torch.compile alone and ran
+# out of this step's limit in session 8's run 5.
+timeout 240 python3 benchmarks/bench_e2e_hf.py --batches 1 --sides bf16,w12 --no-generate \
   --out "$OUT/e2e_hf_h200.json" > "$OUT/e2e.txt" 2>&1
 grep -v "it/s\]\|s/it\]" "$OUT/e2e.txt" | tail -8
 cd "$OUT" && tar czf extra.tgz ./*graph_set.json e2e.txt && rm -f ./*graph_set.json
