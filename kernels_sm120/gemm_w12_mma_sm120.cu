@@ -668,7 +668,8 @@ cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cud
   p.kper = (p.KT + S - 1) / S;
   p.ldx = a.ldx;
   p.ldy = a.ldy;
-  p.flags = (a.flags & ~8) | kReduceKernel | kPdl;  // v4 parks partials in the 4-warp map
+  // v4 parks partials in the 4-warp map: no kWide here, whatever diagnostics a.flags carries.
+  p.flags = a.flags | kReduceKernel | kPdl;
   p.x = a.x + (int64_t)m0 * a.ldx;
   p.y = a.y + (int64_t)m0 * a.ldy;
   p.M = tokens;

@@ -31,6 +31,7 @@ Settings (environment, read on each call):
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 import warnings
@@ -233,7 +234,7 @@ def kernel_version(n: int | None = None, k: int | None = None, device="cuda") ->
             raise ValueError("W12_GEMM_KERNEL=auto chooses per weight shape: pass n and k")
         sms = _check_device(torch.device(device))
         cps = _env_int("W12_GEMM_CTAS_PER_SM", 2)
-        return choose_kernel(n, k, sms, cps, int(_gemm_lib().w12_gemm_splits(n, k, sms * cps, sms)))
+        return choose_kernel(n, k, sms, cps, _v1_splits(n, k, sms * cps, sms))
     return _KERNELS[raw]
 
 
@@ -254,9 +255,16 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     return kver == 3 or (kver == 1 and m <= 16 and splits(n, k, device) >= 4)
 
 
+@functools.lru_cache(maxsize=4096)
+def _v1_splits(n: int, k: int, target: int, sms: int) -> int:
+    # The library's rule is a pure function of these four numbers; eager calls ask it twice each
+    # (kernel choice and PDL rule), and a ctypes round trip per ask is host time on every call.
+    return int(_gemm_lib().w12_gemm_splits(n, k, target, sms))
+
+
 def splits(n: int, k: int, device="cuda") -> int:
     """Number of K slices the v1 GEMM uses for an (N, K) weight on ``device`` (independent of M)."""
-    return int(_gemm_lib().w12_gemm_splits(n, k, target_ctas(device), _check_device(torch.device(device))))
+    return _v1_splits(n, k, target_ctas(device), _check_device(torch.device(device)))
 
 
 # Ticket counters of the K-split reduction: zero between calls (each call leaves them zero), one
