@@ -12,11 +12,11 @@
 // - Records in layout 2 (w12/layouts.py: layout 1's slots and decode, MMA k in column order):
 //   warp w's decoded m-tile mt (rows 32w + 16mt + 0..15) is its 16-row slice of the wgmma for mt,
 //   so the two wgmma of a k-step cover rows {32w + 0..15} and {32w + 16..31}; k-step ks covers
-//   columns 16ks..16ks+15. The activation tile is K-major core matrices without swizzle: chunk c
-//   (columns 8c..8c+7) is [T tokens][16 B], copied from x 16 bytes at a time (LBO = T*16 between
-//   the two K chunks of a k-step, SBO = 128 B between 8-token groups). Session 7 moved v4 from
-//   layout 1, whose column permutation made every 16-byte core-matrix row a gather of four
-//   4-byte pairs (ncu at 64 tokens: L1/TEX 79 % busy).
+//   columns 16ks..16ks+15. The activation tile is K-major in the 128-byte swizzle: one 128-byte
+//   row of x per token (v1's tile), copied whole rows at a time (session 8; the no-swizzle
+//   [chunk][token] tile before it cost 8x the ideal shared-memory wavefronts in its copies).
+//   Session 7 moved v4 from layout 1, whose column permutation made every 16-byte core-matrix row
+//   a gather of four 4-byte pairs (ncu at 64 tokens: L1/TEX 79 % busy).
 // - K-split like v1: gemm_splits() slices (a function of N, K and the SM count, never of M); the
 //   slices park partials that v1's PDL reduce kernel adds in slice order, so the bits are the
 //   same for every M.
@@ -67,6 +67,14 @@ __device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v)::"memo
 __device__ __forceinline__ uint64_t smem_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
   return (uint64_t)((saddr >> 4) & 0x3FFFu) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
          ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32);
+}
+// The same for a K-major tile in the 128-byte swizzle (layout type 1 in bits 62-63): rows of 128 B
+// (64 BF16 of K), 16-byte chunk c of row r at c ^ (r & 7) inside each 1024-byte group of 8 rows,
+// SBO = 1024 between the groups; the k-step is chosen by advancing the start address 32 B per 16
+// elements inside the row (the hardware applies the XOR to the final address, so the tile must
+// start 1024-byte aligned). LBO is unused for this layout.
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t saddr) {
+  return smem_desc(saddr, 16, 1024) | (1ull << 62);
 }
 
 #endif
@@ -135,7 +143,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   constexpr int kX = T * 128;           // B tile bytes (8 chunks of T x 16 B)
   constexpr int kStage = kRec + kX;
   constexpr int ND = T / 2;             // accumulator floats per m-tile per thread
-  extern __shared__ __align__(128) uint8_t smem[];
+  // 1024-byte aligned: the swizzled B tiles (kRec and kX are multiples of 1024, so every stage's
+  // tile is too).
+  extern __shared__ __align__(1024) uint8_t smem[];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int rowtile = blockIdx.x / p.S, split = blockIdx.x % p.S;
@@ -147,24 +157,21 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   const uint32_t sbase = smem_u32(smem);
   const uint32_t hi_off = warp * 2048 + lane * 16, lo_off = 8192 + warp * 1024 + lane * 8;
 
-  // B tile copies (layout 2: the tile in column order). Chunk c of the tile holds columns
-  // 8c..8c+7 of every token as [T tokens][16 B], so each 16-byte piece is one 16-byte copy from x.
-  // A warp copies 8 tokens x 4 chunks per instruction: 64 contiguous bytes of each of 8 rows of x
-  // (whole 32-byte sectors), written as four 128-byte runs (no bank conflict beyond the four
-  // wavefronts 512 bytes need), through L1 (cp_async16_ca: the CTAs of an SM share K slices;
-  // layout 1's 4-byte copies went through L1 too, and the same 16-byte copies via .cg were
-  // 5-10 % slower than those at 32-64 tokens). Piece tid + 128u is token
-  // 8 * tg + (lane & 7), chunk 4 * ch + (lane >> 3), with warp + 4u = ch * W + tg over the W = T / 8
-  // token groups. Rows >= M are zeroed once below and never copied.
-  constexpr int W8 = T / 8;
-  constexpr int kXU = (T * 8 + kThreads - 1) / kThreads;  // pieces per thread (T = 8: warps 0-1 only)
-  const int xr0 = 8 * (warp % W8) + (lane & 7), xc0 = 4 * (warp / W8) + (lane >> 3);
-  const bool x_mine = xc0 < 8;
-  const uint32_t xdst0 = kRec + xc0 * (T * 16) + xr0 * 16;
+  // B tile (layout 2: x in column order) as T rows of 128 B, one per token, in the 128-byte
+  // swizzle: chunk ch (columns 8ch..8ch+7) of token r at r * 128 + ((ch ^ (r & 7)) << 4), i.e.
+  // v1's activation tile. Piece tid + 128u is token (tid >> 3) + 16u, chunk tid & 7: each warp
+  // copies four whole 128-byte rows of x per instruction (four cache lines) into four
+  // conflict-free 128-byte rows. Session 8 (ncu source view): the no-swizzle tile's copies of 8
+  // tokens x 4 chunks per warp through L1 cost 32 shared-memory wavefronts per instruction
+  // instead of 4 (7.3 M for gate_up at 64 tokens, 61 % of all) and left v4 MIO-bound.
+  // Rows >= M are zeroed once below and never copied.
+  constexpr int kXU = (T * 8 + kThreads - 1) / kThreads;  // pieces per thread (T = 8: 64 pieces)
+  const int xr0 = tid >> 3, xc0 = tid & 7;
+  const bool x_mine = xr0 < T;  // T = 8: threads 0..63
+  const uint32_t xdst0 = kRec + xr0 * 128 + ((xc0 ^ (xr0 & 7)) << 4);
   const int xoff0 = xr0 * (int)p.ldx + 8 * xc0;  // ldx < 2^24 (gemm_check_args)
-  // Piece u's token-row and chunk offsets (compile-time: warp < 4 <= W8 whenever kXU > 1).
-  auto xrow = [](int u) { return 8 * ((4 * u) % W8); };
-  auto xchunk = [](int u) { return 4 * ((4 * u) / W8); };
+  // Piece u: 16u rows further down, same chunk and the same swizzle ((xr0 + 16u) & 7 = xr0 & 7).
+  auto xrow = [](int u) { return 16 * u; };
   const uint8_t* hi_src = rec0 + hi_off;
   const uint8_t* lo_src = rec0 + lo_off;
 
@@ -180,8 +187,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
 #pragma unroll
     for (int u = 0; u < kXU; ++u)
       if (x_mine && xr0 + xrow(u) < p.M)
-        cp_async16_ca(dst + xdst0 + xchunk(u) * (T * 16) + xrow(u) * 16,
-                      xs + xoff0 + xrow(u) * (int)p.ldx + 8 * xchunk(u));
+        cp_async16_ca(dst + xdst0 + xrow(u) * 128, xs + xoff0 + xrow(u) * (int)p.ldx);
   };
   // Rows >= M of every stage's B tile: zero once (the copies never write them); the first
   // __syncthreads of the loop orders these stores before any wgmma reads them.
@@ -190,8 +196,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     if (x_mine && xr0 + xrow(u) >= p.M)
 #pragma unroll
       for (int sl = 0; sl < STAGES; ++sl)
-        *reinterpret_cast<uint4*>(smem + sl * kStage + xdst0 + xchunk(u) * (T * 16) + xrow(u) * 16) =
-            make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(smem + sl * kStage + xdst0 + xrow(u) * 128) = make_uint4(0u, 0u, 0u, 0u);
 
   float acc[2][ND];
 #pragma unroll
@@ -243,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     const uint32_t xb = sbase + slot * kStage + kRec;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      const uint64_t desc = smem_desc(xb + 2 * ks * (T * 16), T * 16, 128);
+      const uint64_t desc = smem_desc_sw128(xb + 32 * ks);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) Wgmma<T>::run(acc[mt], buf + 16 * mt + 4 * ks, desc);
     }
