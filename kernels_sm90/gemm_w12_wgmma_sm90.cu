@@ -7,7 +7,8 @@
 // issues 8 wgmma per 128x64 record whatever the token count, and they run asynchronously with the
 // copies of the following records.
 //
-// STATUS: opt-in (W12_GEMM_KERNEL=v4): v1 is faster at most M (docs/perf-notes.md, session 7).
+// STATUS: opt-in (W12_GEMM_KERNEL=v4). Session 8: level with or ahead of v1 at 64 tokens and on
+// lm_head, behind it on the small shapes at <= 16 tokens (docs/perf-notes.md, session 8 item 7).
 //
 // - Records in layout 2 (w12/layouts.py: layout 1's slots and decode, MMA k in column order):
 //   warp w's decoded m-tile mt (rows 32w + 16mt + 0..15) is its 16-row slice of the wgmma for mt,
