@@ -141,7 +141,7 @@ template <int NCH, int STAGES, bool OVERLAP>
 __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WParams p) {
 #if W12_WGMMA
   constexpr int T = 8 * NCH;            // token rows of the B tile
-  constexpr int kX = T * 128;           // B tile bytes (8 chunks of T x 16 B)
+  constexpr int kX = T * 128;           // B tile bytes (T rows of 128 B, 128-byte swizzle)
   constexpr int kStage = kRec + kX;
   constexpr int ND = T / 2;             // accumulator floats per m-tile per thread
   // 1024-byte aligned: the swizzled B tiles (kRec and kX are multiples of 1024, so every stage's
