@@ -26,10 +26,10 @@ struct GemmArgs : GemmOperands {
   void* workspace;          // FP32 partial sums, gemm_workspace_bytes()
   int* counters;            // >= NT ints, zero on entry; left zero on exit
   int target_ctas;          // grid size the K-split aims at (a function of the SM count only)
-  int stages;               // v1: ring depth 3 or 4 (anything else: 3); v2: cap on the ring depth (0: as deep
+  int stages;               // v1, v4: ring depth 3 or 4 (anything else: the launcher chooses); v2: cap on the ring depth (0: as deep
                             // as shared memory allows, at most 16)
   int flags = 0;            // diagnostics for benchmarks and tests (timing only unless said):
-                            // 32 = no programmatic dependent launch (v1 and v3; set by the
+                            // 32 = no programmatic dependent launch (v1, v3 and v4; set by the
                             // caller from W12_GEMM_PDL); v3: 128 = its trigger after the main
                             // loop; v1: 1 = skip decode/MMA, 2 = skip the reduction (1 and 2 give
                             // wrong output), 4 = global-memory reduction even where clusters
@@ -46,7 +46,7 @@ struct GemmArgs : GemmOperands {
                             // changes a bit of the result; bits 20+ are the launcher's own
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
                             // v3 (gemm_slab_launch): bit 1 (stream only), 32 (above); v4 (gemm_wgmma_launch): 64 = decode overlapping the
-                            // previous record's wgmma (same bits)
+                            // previous record's wgmma (same bits), 524288 = one warpgroup per CTA instead of two (same bits)
 };
 
 // Argument checks shared by every launcher (M == 0 is valid and launches nothing).

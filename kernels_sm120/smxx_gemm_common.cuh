@@ -87,4 +87,20 @@ inline cudaError_t dev_info(DevInfo& d, int& dev) {
   return cudaSuccess;
 }
 
+// Ring depth (3 or 4 stages) for a grid of `grid` CTAs whose 3-stage ring takes `ring3` bytes of
+// shared memory per CTA (the 1 KB reservation included). 4 where every CTA is resident at once
+// anyway (<= 2 per SM: o, down at the K-split's 2 x SMs target); with `tail`, also where 3 stages
+// would leave the last wave under 70 % full: the deeper ring fits fewer CTAs per SM and so
+// spreads the grid over fuller waves (gate_up at 64 tokens, 448 CTAs: 3 CTAs per SM = 396 + 52,
+// 2 per SM = 264 + 184). Measured in session 9 (docs/perf-notes.md): v4 gate_up 77.7 -> 72.4 us,
+// v1 82.6 -> 77.7 at 64 tokens; lm_head (1002 CTAs, last wave 53 % full) keeps 3. Timing only.
+inline int wave_stages(long grid, const DevInfo& di, int ring3, bool tail) {
+  if (grid <= 2L * di.sms) return 4;
+  if (!tail) return 3;
+  const long slots = (long)di.sms * (di.smem_sm / ring3);
+  if (slots <= 0) return 3;
+  const long waves = (grid + slots - 1) / slots;
+  return grid * 10 < waves * slots * 7 ? 4 : 3;
+}
+
 }  // namespace w12

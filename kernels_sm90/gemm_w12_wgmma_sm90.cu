@@ -3,17 +3,20 @@
 // its N (8, 16, 32 or 64 per launch), activations the shared-memory B operand.
 //
 // Why (docs/perf-notes.md): on the mma.sync kernels the M = 1 decode is instruction-latency bound
-// and from M = 16 up the HMMA count per record (16-64 per warp) dominates. One warpgroup here
-// issues 8 wgmma per 128x64 record whatever the token count, and they run asynchronously with the
-// copies of the following records.
+// and from M = 16 up the HMMA count per record (16-64 per warp) dominates. Here each of the two
+// warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
+// count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: opt-in (W12_GEMM_KERNEL=v4). Session 8: level with or ahead of v1 at 64 tokens and on
-// lm_head, behind it on the small shapes at <= 16 tokens (docs/perf-notes.md, session 8 item 7).
+// STATUS: opt-in (W12_GEMM_KERNEL=v4). Session 9: ahead of v1 from 32 tokens up (64 tokens about
+// -8 %, lm_head -20 %), level at 1 token on the large shapes, behind on o/down at 1-16 tokens.
+// Its bits differ from v1's (about 2-4e-4 of the outputs: wgmma and mma.sync round the k16
+// products differently), so `auto` cannot switch between the two by M (docs/perf-notes.md).
 //
 // - Records in layout 2 (w12/layouts.py: layout 1's slots and decode, MMA k in column order):
-//   warp w's decoded m-tile mt (rows 32w + 16mt + 0..15) is its 16-row slice of the wgmma for mt,
-//   so the two wgmma of a k-step cover rows {32w + 0..15} and {32w + 16..31}; k-step ks covers
-//   columns 16ks..16ks+15. The activation tile is K-major in the 128-byte swizzle: one 128-byte
+//   m-tile mt of quarter q (rows 32q + 16mt + 0..15) is the 16-row slice that warp q of a
+//   warpgroup gives the wgmma for mt, so the two wgmma of a k-step cover rows {32q + 0..15} and
+//   {32q + 16..31} (q = 0..3); warpgroup mt of a 2-warpgroup CTA issues the one for mt, a 1-warp-
+//   group CTA both. k-step ks covers columns 16ks..16ks+15. The activation tile is K-major in the 128-byte swizzle: one 128-byte
 //   row of x per token (v1's tile), copied whole rows at a time (session 8; the no-swizzle
 //   [chunk][token] tile before it cost 8x the ideal shared-memory wavefronts in its copies).
 //   Session 7 moved v4 from layout 1, whose column permutation made every 16-byte core-matrix row
@@ -44,9 +47,11 @@ namespace {
 constexpr int kRec = 12288;
 constexpr int kMaxTokens = 64;
 constexpr int kThreads = 128;  // one warpgroup
+constexpr int kOneWarpgroup = 1 << 19;  // diagnostic 524288 (v1's "never 8-warp CTAs"): WG = 1
 
 struct WParams : GemmOperands {
   int M, N, KT, S, kper;
+  int pdl;  // launched with programmatic dependent launch: wait for the previous kernel first
   int64_t ldx, ldy;
   float4* ws;  // S > 1: partial sums in v1's order, summed by v1's reduce kernel (gemm_reduce_launch)
 };
@@ -137,9 +142,16 @@ struct Wgmma<64> {
 };
 #endif
 
-template <int NCH, int STAGES, bool OVERLAP>
-__global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WParams p) {
+// WG = warpgroups per CTA. WG = 1: each warp decodes both m-tiles of its 32-row quarter and the
+// warpgroup issues 8 wgmma per record. WG = 2 (session 9): warpgroup mt decodes and multiplies
+// m-tile mt only (warp w: quarter w & 3), 4 wgmma per record each, so a record's decode chain per
+// thread is half as long and an SM holds 8 warps per CTA. Every output element still sees the
+// same wgmma k-steps in the same order: the bits are those of WG = 1.
+template <int NCH, int STAGES, bool OVERLAP, int WG>
+__global__ void __launch_bounds__(kThreads * WG, WG == 2 ? (NCH <= 4 ? 4 : 3) : 2) gemm_w12_wgmma_kernel(const WParams p) {
 #if W12_WGMMA
+  constexpr int NTH = kThreads * WG;    // threads per CTA
+  constexpr int MTW = 2 / WG;           // m-tiles per thread
   constexpr int T = 8 * NCH;            // token rows of the B tile
   constexpr int kX = T * 128;           // B tile bytes (T rows of 128 B, 128-byte swizzle)
   constexpr int kStage = kRec + kX;
@@ -148,31 +160,37 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   // tile is too).
   extern __shared__ __align__(1024) uint8_t smem[];
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int quarter = (tid >> 5) & 3, mt0 = WG == 2 ? tid >> 7 : 0;  // mt0: this thread's first m-tile
   const int rowtile = blockIdx.x / p.S, split = blockIdx.x % p.S;
   const int kt0 = split * p.kper;
   const int nrec = min(p.KT - kt0, p.kper);
   const uint8_t* rec0 = p.records + ((size_t)rowtile * p.KT + kt0) * kRec;
+  // With PDL this grid may start while the previous kernel still runs: nothing it reads may be
+  // touched before the wait (records included: a kernel before this one may have written them).
+  if (p.pdl) pdl_wait();
   // The reduce kernel (S > 1) only waits for this grid's completion: let its CTAs be placed now.
   if (p.S > 1) pdl_launch_dependents();
   const uint32_t sbase = smem_u32(smem);
-  const uint32_t hi_off = warp * 2048 + lane * 16, lo_off = 8192 + warp * 1024 + lane * 8;
+  // Fragment bytes of m-tile mt: hi q = 2mt, 2mt + 1 (512 B apart), lo likewise (256 B apart).
+  const uint32_t hi_off = quarter * 2048 + lane * 16 + mt0 * 1024, lo_off = 8192 + quarter * 1024 + lane * 8 + mt0 * 512;
 
   // B tile (layout 2: x in column order) as T rows of 128 B, one per token, in the 128-byte
   // swizzle: chunk ch (columns 8ch..8ch+7) of token r at r * 128 + ((ch ^ (r & 7)) << 4), i.e.
-  // v1's activation tile. Piece tid + 128u is token (tid >> 3) + 16u, chunk tid & 7: each warp
+  // v1's activation tile. Piece tid + NTH u is token (tid >> 3) + kXRows u, chunk tid & 7: each warp
   // copies four whole 128-byte rows of x per instruction (four cache lines) into four
   // conflict-free 128-byte rows. Session 8 (ncu source view): the no-swizzle tile's copies of 8
   // tokens x 4 chunks per warp through L1 cost 32 shared-memory wavefronts per instruction
   // instead of 4 (7.3 M for gate_up at 64 tokens, 61 % of all) and left v4 MIO-bound.
   // Rows >= M are zeroed once below and never copied.
-  constexpr int kXU = (T * 8 + kThreads - 1) / kThreads;  // pieces per thread (T = 8: 64 pieces)
+  constexpr int kXU = (T * 8 + NTH - 1) / NTH;  // pieces per thread (T = 8: 64 pieces)
+  constexpr int kXRows = NTH / 8;               // token rows between a thread's pieces (16 or 32)
   const int xr0 = tid >> 3, xc0 = tid & 7;
   const bool x_mine = xr0 < T;  // T = 8: threads 0..63
   const uint32_t xdst0 = kRec + xr0 * 128 + ((xc0 ^ (xr0 & 7)) << 4);
   const int xoff0 = xr0 * (int)p.ldx + 8 * xc0;  // ldx < 2^24 (gemm_check_args)
-  // Piece u: 16u rows further down, same chunk and the same swizzle ((xr0 + 16u) & 7 = xr0 & 7).
-  auto xrow = [](int u) { return 16 * u; };
+  // Piece u: kXRows * u rows further down, same chunk and the same swizzle (kXRows % 8 == 0).
+  auto xrow = [](int u) { return kXRows * u; };
   const uint8_t* hi_src = rec0 + hi_off;
   const uint8_t* lo_src = rec0 + lo_off;
 
@@ -181,9 +199,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     const uint8_t* ls = lo_src + (size_t)i * kRec;
     const uint32_t dst = sbase + slot * kStage;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cp_async16(dst + hi_off + q * 512, hs + q * 512);
+    for (int q = 0; q < 2 * MTW; ++q) cp_async16(dst + hi_off + q * 512, hs + q * 512);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) cp_async8(dst + lo_off + q * 256, ls + q * 256);
+    for (int q = 0; q < 2 * MTW; ++q) cp_async8(dst + lo_off + q * 256, ls + q * 256);
     const uint16_t* xs = p.x + (int64_t)(kt0 + i) * 64;
 #pragma unroll
     for (int u = 0; u < kXU; ++u)
@@ -199,9 +217,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
       for (int sl = 0; sl < STAGES; ++sl)
         *reinterpret_cast<uint4*>(smem + sl * kStage + xdst0 + xrow(u) * 128) = make_uint4(0u, 0u, 0u, 0u);
 
-  float acc[2][ND];
+  float acc[MTW][ND];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int i = 0; i < ND; ++i) acc[mt][i] = 0.f;
 
@@ -220,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   // wgmma wait is not what limits this kernel.
   // Ring slots as running indices (i % STAGES cost a multiply-shift sequence, three per step).
   int rd_slot = 0, wr_slot = STAGES - 1;
-  auto step = [&](int i, uint32_t(&buf)[32]) {
+  auto step = [&](int i, uint32_t(&buf)[16 * MTW]) {
     cp_async_wait<STAGES - 2>();
     fence_proxy_async_smem();
     const int slot = rd_slot;
@@ -228,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     const uint8_t* st = smem + slot * kStage;
     auto decode = [&]() {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
+      for (int q = 0; q < 2 * MTW; ++q) {
         const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
         const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
         decode16(h, l, buf + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
@@ -237,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     if constexpr (OVERLAP) decode();
     wgmma_wait0();
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
       for (int k = 0; k < ND; ++k) pin(acc[mt][k]);
     if constexpr (!OVERLAP) decode();
@@ -251,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     for (int ks = 0; ks < 4; ++ks) {
       const uint64_t desc = smem_desc_sw128(xb + 32 * ks);
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) Wgmma<T>::run(acc[mt], buf + 16 * mt + 4 * ks, desc);
+      for (int mt = 0; mt < MTW; ++mt) Wgmma<T>::run(acc[mt], buf + 16 * mt + 4 * ks, desc);
     }
     wgmma_commit();
   };
@@ -259,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     // No control-flow path may reach a decode into a buffer whose wgmma has not been retired:
     // ptxas cannot tell that a conditional second step is never followed by another pass, and
     // with `if (i + 1 < nrec) step(i + 1, a1)` inside the loop it serialised every wgmma (C7513).
-    uint32_t a0[32], a1[32];
+    uint32_t a0[16 * MTW], a1[16 * MTW];
     int i = 0;
     for (; i + 1 < nrec; i += 2) {
       step(i, a0);
@@ -267,18 +285,18 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
     }
     if (i < nrec) step(i, a0);
   } else {
-    uint32_t a[32];
+    uint32_t a[16 * MTW];
     for (int i = 0; i < nrec; ++i) step(i, a);
   }
   wgmma_wait0();
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int k = 0; k < ND; ++k) pin(acc[mt][k]);
   cp_async_wait<0>();
 
   // Epilogue of fragment (mt, j): rows nbase + 16mt + g (+8), tokens 8j + 2t (+1).
-  const int nbase = rowtile * 128 + warp * 32;
+  const int nbase = rowtile * 128 + quarter * 32;
   auto store = [&](const float (&v)[4], int mt, int j) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -297,11 +315,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   };
   if (p.S == 1) {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
       for (int j = 0; j < NCH; ++j) {
         const float v[4] = {acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]};
-        store(v, mt, j);
+        store(v, mt0 + mt, j);
       }
     return;
   }
@@ -309,25 +327,40 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_wgmma_kernel(const WPara
   // holding rows 16mt + g (+8), tokens 8j + 2t (+1): the same map as v1's 4-warp CTA), and v1's
   // PDL reduce kernel sums the slices in slice order and runs the epilogue. This replaced a
   // thread-block cluster per row tile, which v1 measured slower at every M (docs/perf-notes.md).
-  float4* mine = p.ws + ((size_t)rowtile * p.S + split) * (2 * NCH * kThreads) + tid;
+  float4* mine = p.ws + ((size_t)rowtile * p.S + split) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int j = 0; j < NCH; ++j)
-      mine[(mt * NCH + j) * kThreads] = make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
+      mine[((mt0 + mt) * NCH + j) * kThreads] = make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
 #endif
 }
 
-template <int NCH, int STAGES, bool OVERLAP>
-cudaError_t launch_w(const WParams& p, int grid, cudaStream_t stream) {
-  constexpr int smem = STAGES * (kRec + NCH * 8 * 128);
-  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP>;
+// smem_min: shared memory asked for beyond the ring, to cap the CTAs an SM holds (PDL, below).
+template <int NCH, int STAGES, bool OVERLAP, int WG>
+cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stream) {
+  const int smem = max(STAGES * (kRec + NCH * 8 * 128), smem_min);
+  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG>;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   if ((e = set_smem_limit_once<kern>(dev, smem)) != cudaSuccess) return e;
-  return launch_ex(kern, dim3(grid), dim3(kThreads), smem, stream, 1, false, p);
+  return launch_ex(kern, dim3(grid), dim3(kThreads * WG), smem, stream, 1, p.pdl != 0, p);
 }
+
+// The overlap form (diagnostic 64) exists with 3 stages only.
+template <int NCH>
+cudaError_t launch_pick(int stages, bool overlap, bool two_wg, const WParams& p, int grid, int smem_min,
+                        cudaStream_t stream) {
+  if (overlap)
+    return two_wg ? launch_w<NCH, 3, true, 2>(p, grid, smem_min, stream) : launch_w<NCH, 3, true, 1>(p, grid, smem_min, stream);
+  if (stages == 3)
+    return two_wg ? launch_w<NCH, 3, false, 2>(p, grid, smem_min, stream) : launch_w<NCH, 3, false, 1>(p, grid, smem_min, stream);
+  return two_wg ? launch_w<NCH, 4, false, 2>(p, grid, smem_min, stream) : launch_w<NCH, 4, false, 1>(p, grid, smem_min, stream);
+}
+
+// Shared memory per CTA (ring, 1 KB reserved per CTA) at `stages` deep for 8*nch tokens.
+static int ring_bytes(int stages, int nch) { return stages * (kRec + nch * 8 * 128) + 1024; }
 
 // Self-test of the wgmma building blocks above, independent of the W12 decode: D[64x16] = A B^T
 // for A [64][16] and B [16 tokens][16] BF16 row-major, A through the register fragment layout
@@ -401,17 +434,37 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   p.kper = (kt + p.S - 1) / p.S;
   p.ldx = a.ldx;
   p.ldy = a.ldy;
+  p.pdl = (a.flags & 32) ? 0 : 1;  // diagnostic 32 = no PDL (the Python rule sets it: W12_GEMM_PDL)
   for (int m0 = 0; m0 < a.M; m0 += kMaxTokens) {
     const int tokens = (a.M - m0) < kMaxTokens ? (a.M - m0) : kMaxTokens;
     p.x = a.x + (int64_t)m0 * a.ldx;
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
     const int grid = nt * p.S;
-    const bool ov = (a.flags & 64) != 0;
-    if (tokens <= 8) e = ov ? launch_w<1, 4, true>(p, grid, stream) : launch_w<1, 4, false>(p, grid, stream);
-    else if (tokens <= 16) e = ov ? launch_w<2, 4, true>(p, grid, stream) : launch_w<2, 4, false>(p, grid, stream);
-    else if (tokens <= 32) e = ov ? launch_w<4, 3, true>(p, grid, stream) : launch_w<4, 3, false>(p, grid, stream);
-    else e = ov ? launch_w<8, 3, true>(p, grid, stream) : launch_w<8, 3, false>(p, grid, stream);
+    // Two warpgroups per CTA unless diagnostic 524288 asks for one (session 9: same bits; M = 64
+    // -3 % geomean, lm_head -12 %, 32B [51200, 5120] -18 %; M <= 32 within +-1 %).
+    const bool ov = (a.flags & 64) != 0, two = (a.flags & kOneWarpgroup) == 0;
+    const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : 8;
+    // Ring depth (W12_GEMM_STAGES = 3 or 4 forces one): wave_stages(), with its tail rule at 64
+    // tokens. Session 9, same-call A/B of 3 against 4 stages: 3 won on the many-CTA grids at <= 16
+    // tokens (gate_up M = 1 51.9 -> 48.4 us, lm_head 187.6 -> 183.6, qkv 14.2 -> 14.0), 4 on the
+    // small ones (o 11.1 -> 10.9, down 29.5 -> 28.7) and on gate_up at 64 tokens (77.7 -> 72.4).
+    int st = wave_stages(grid, di, ring_bytes(3, nch), nch == 8);
+    if (a.stages == 3 || a.stages == 4) st = a.stages;
+    // With PDL the CTAs are placed while the previous kernel still holds SMs; capped at what an
+    // even spread needs (ceil(grid / SMs) per SM, through the shared-memory request) so that they
+    // cannot pile onto the SMs that happen to be free first. Session 9: uncapped, PDL made v4's
+    // decode-step graph set slower (0.878 -> 0.934 of cuBLAS) though each shape alone gained;
+    // capped, 0.860 -> 0.847, and M = 1 +2.9 % (o 11.8 -> 11.0 us).
+    int smem_min = 0;
+    if (p.pdl) {
+      const int cap = (grid + di.sms - 1) / di.sms;
+      if (cap < di.smem_sm / ring_bytes(st, nch)) smem_min = di.smem_sm / (cap + 1) + 1;
+    }
+    if (nch == 1) e = launch_pick<1>(st, ov, two, p, grid, smem_min, stream);
+    else if (nch == 2) e = launch_pick<2>(st, ov, two, p, grid, smem_min, stream);
+    else if (nch == 4) e = launch_pick<4>(st, ov, two, p, grid, smem_min, stream);
+    else e = launch_pick<8>(st, ov, two, p, grid, smem_min, stream);
     if (e != cudaSuccess) return e;
     if (p.S > 1 && (e = gemm_reduce_launch(a, m0, tokens, p.S, stream)) != cudaSuccess) return e;
   }

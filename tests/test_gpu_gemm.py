@@ -444,12 +444,35 @@ def test_back_to_back_in_a_graph(kernel, m, pdl, monkeypatch):
     assert torch.equal(y.view(torch.int16), ref)
 
 
+@pytest.mark.parametrize("m", [33, 64])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000)])
+def test_v1_ring_depth_changes_no_bit(n, k, m, monkeypatch):
+    # Above 32 tokens v1 picks 3 or 4 stages by the grid's waves (wave_stages); either depth adds
+    # the same products in the same order.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v1")
+    gen = torch.Generator().manual_seed(141 + m)
+    wt = _weight(n, k, gen, spread=False)
+    w = w12.pack(wt).to(DEV).with_layout(1)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    ys = []
+    for stages in ("0", "3", "4"):
+        monkeypatch.setenv("W12_GEMM_STAGES", stages)
+        ys.append(w12.linear(x, w).view(torch.int16))
+    _assert_close(ys[0].view(torch.bfloat16), _ref(x, wt.to(DEV)), x, wt.to(DEV))
+    assert torch.equal(ys[0], ys[1]) and torch.equal(ys[0], ys[2])
+
+
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
-@pytest.mark.parametrize("m", [1, 9, 33, 64])
+@pytest.mark.parametrize(
+    "diag,stages", [("64", "0"), ("524288", "0"), ("524352", "0"), ("0", "3"), ("0", "4"), ("32", "0")]
+)
+@pytest.mark.parametrize("m", [1, 9, 17, 33, 64])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000), (130, 70)])
-def test_v4_overlap_form_changes_no_bit(n, k, m, monkeypatch):
-    # W12_GEMM_DIAG=64: decode of record i overlapping record i-1's wgmma (two A buffers); the
-    # same wgmma in the same order, so the same bits.
+def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
+    # W12_GEMM_DIAG=64: decode of record i overlapping record i-1's wgmma (two A buffers);
+    # 524288: one warpgroup per CTA (each warp decodes both m-tiles) instead of two; 524352: both;
+    # W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch. The same wgmma in
+    # the same order for every output element, so the same bits.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     gen = torch.Generator().manual_seed(111 + m)
     wt = _weight(n, k, gen, spread=False)
@@ -457,8 +480,9 @@ def test_v4_overlap_form_changes_no_bit(n, k, m, monkeypatch):
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
     a = w12.linear(x, w)
     _assert_close(a, _ref(x, wt.to(DEV)), x, wt.to(DEV))
-    monkeypatch.setenv("W12_GEMM_DIAG", "64")
-    assert torch.equal(w12.linear(x, w).view(torch.int16), a.view(torch.int16))
+    monkeypatch.setenv("W12_GEMM_DIAG", diag)
+    monkeypatch.setenv("W12_GEMM_STAGES", stages)
+    assert torch.equal(w12.linear(x, w).view(torch.int16), a.view(torch.int16)), f"W12_GEMM_DIAG={diag} STAGES={stages}"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")

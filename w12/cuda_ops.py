@@ -9,21 +9,22 @@ defines Python functions only: no library load, no CUDA initialisation.
 Settings (environment, read on each call):
   ``W12_GEMM_KERNEL`` (default ``auto``): ``v1`` = fixed K-split, per-thread cp.async ring;
       ``v2`` = warp-specialised persistent stream-K kernel; ``v3`` = row slabs with the K-split
-      inside the CTA (no cross-CTA reduction); ``v4`` = Hopper wgmma (sm_90 only; not yet
-      measured, opt-in); ``auto`` = per weight shape by ``choose_kernel``
+      inside the CTA (no cross-CTA reduction); ``v4`` = Hopper wgmma (sm_90 only, opt-in: level
+      with v1 at M = 1, ahead from 32 tokens up; docs/perf-notes.md); ``auto`` = per weight shape
+      by ``choose_kernel``
       (N, K and SM count only). Every kernel is deterministic and M-independent, but they sum in
       different orders: their bits differ, so the choice never depends on M.
   ``W12_GEMM_CTAS_PER_SM`` (default 2): v2: persistent CTAs per SM (grid = SMs x this); v1: the
       K-split aims at this many CTAs per SM. Either way the summation order is a function of
       (N, K, SM count, this value) only, never of M.
   ``W12_GEMM_STAGES`` (default 0): v2: cap on the shared-memory ring depth (0 = as deep as fits,
-      at most 16); v1: async-copy ring depth (4, else 3).
+      at most 16); v1, v4: async-copy ring depth 3 or 4 (0 = chosen by the grid's waves).
   ``W12_GEMM_FALLBACK_M`` (default 128): above this many token rows the op decodes the weight
       and calls cuBLAS instead of running the fused kernel in 64-row passes (the kernel's
       determinism across M holds for M up to this value).
-  ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3 and v1:
-      ``auto`` = v3, and v1 at <= 16 tokens where K is split in >= 4 slices (what measured
-      faster), ``1`` = both always, ``0`` = neither. Timing only: the bits never change. (v2/v4 never use it.)
+  ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3, v1 and v4:
+      ``auto`` = v3, and v1 and v4 at <= 16 tokens where K is split in >= 4 slices (what measured
+      faster), ``1`` = always, ``0`` = never. Timing only: the bits never change. (v2 never uses it.)
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); 1 and 2 skip work and give wrong results on purpose.
 """
@@ -245,14 +246,15 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     and for v1 at <= 16 tokens where K is cut into >= 4 slices (qkv, o, down: short CTAs whose
     start-up then overlaps the previous reduce kernel; -2..6 % at M = 1..16); off for v1's
     long-CTA grids (gate_up, lm_head: no gain) and above 16 tokens (qkv +10 % at 32, down +20 %
-    at 64). Timing only: the bits never change. v2 and v4 have none.
+    at 64). v4 follows v1's rule, its CTAs capped per SM (session 9). Timing only: the bits never
+    change. v2 has none.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
     if raw not in ("auto", "0", "1"):
         raise ValueError(f"W12_GEMM_PDL={raw!r} must be auto, 0 or 1")
     if raw != "auto":
         return raw == "1"
-    return kver == 3 or (kver == 1 and m <= 16 and splits(n, k, device) >= 4)
+    return kver == 3 or (kver in (1, 4) and m <= 16 and splits(n, k, device) >= 4)
 
 
 @functools.lru_cache(maxsize=4096)
