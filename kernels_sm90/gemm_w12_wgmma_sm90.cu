@@ -408,8 +408,28 @@ static cudaError_t require_sm90() {
   return (major == 9 && minor == 0) ? cudaSuccess : cudaErrorNoKernelImageForDevice;
 }
 
+// cudaSuccess when this library holds real sm_90a code for the kernels here. A library whose only
+// code for sm_90 is PTX of an older architecture (JIT-compiled at load) would run these kernels
+// with their bodies compiled out (W12_WGMMA is 0 there) and write nothing. (An sm_80-only cubin
+// does not load on sm_90 at all: session 9 checked that every kernel then fails with "no kernel
+// image".) Checked once per device.
+static cudaError_t require_sm90a_image(int dev) {
+  static int state[64] = {0};  // 0 unknown, 1 real sm_90a code, -1 not
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (state[dev] == 0) {
+    cudaFuncAttributes fa;
+    const cudaError_t e = cudaFuncGetAttributes(&fa, gemm_w12_wgmma_kernel<1, 3, false, 2>);
+    if (e != cudaSuccess) return e;
+    state[dev] = fa.binaryVersion == 90 ? 1 : -1;
+  }
+  return state[dev] == 1 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
+}
+
 cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D, cudaStream_t stream) {
   if (cudaError_t e = require_sm90(); e != cudaSuccess) return e;
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (cudaError_t e = require_sm90a_image(dev); e != cudaSuccess) return e;
   wgmma_selftest_kernel<<<1, kThreads, 0, stream>>>(A, B, D);
   return cudaGetLastError();
 }
@@ -427,6 +447,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   DevInfo di;
   int dev = 0;
   if ((e = dev_info(di, dev)) != cudaSuccess) return e;
+  if ((e = require_sm90a_image(dev)) != cudaSuccess) return e;
   // v1's rule (a function of N, K and the SM count) and v1's cap.
   p.S = gemm_splits(a.N, a.K, a.target_ctas, di.sms);
   p.ws = static_cast<float4*>(a.workspace);
