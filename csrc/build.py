@@ -2,8 +2,10 @@
 
 Every ``*.cu``/``*.cpp`` under csrc/, kernels_sm120/ and kernels_sm90/ goes into one shared
 library with a C ABI (loaded by ``w12.cuda_ops`` through ctypes). kernels_sm90/ holds wgmma/TMA
-code that only exists on sm_90a, so those files are compiled for that target alone; the rest is
-a fat binary for every architecture in ``W12_CUDA_ARCHS``.
+code that only exists on sm_90a, so those files are compiled for that target alone (in a build
+without 90a, for the build's targets, where their bodies are empty); the rest is a fat binary for
+every architecture in ``W12_CUDA_ARCHS``. No PTX is embedded: a GPU the build does not name gets
+"no kernel image", never a JIT-compiled kernel.
 
 Usage: ``python csrc/build.py [--out DIR] [--jobs N] [--archs 80,90a,120a] [--verbose]``.
 Objects are cached in ``build/w12_obj`` and rebuilt when a source or any header is newer.
@@ -45,6 +47,18 @@ def _headers() -> list[Path]:
     return out
 
 
+def gencode_for(src_dir: str, archs: list[str]) -> list[str]:
+    """nvcc -gencode flags for a source under ``src_dir`` in a build for ``archs``.
+
+    kernels_sm90/ gets sm_90a alone when the build has it. Without 90a it gets the build's own
+    targets (its kernel bodies are empty there), never nvcc's default: that adds compute_75 PTX,
+    which an sm_90 GPU would JIT-compile into a v4 that runs and writes nothing.
+    """
+    if src_dir == "kernels_sm90" and "90a" in archs:
+        return _gencode("90a")
+    return [g for a in archs for g in _gencode(a)]
+
+
 def build(out_dir=None, nvcc: str | None = None, archs: str | None = None, jobs: int | None = None, verbose=False):
     nvcc = nvcc or shutil.which("nvcc")
     if not nvcc:
@@ -67,10 +81,7 @@ def build(out_dir=None, nvcc: str | None = None, archs: str | None = None, jobs:
         obj = obj_dir / f"{src.parent.name}__{src.stem}.{tag}.o"
         if obj.exists() and obj.stat().st_mtime > max(src.stat().st_mtime, newest_header):
             return obj
-        if src.parent.name == "kernels_sm90":
-            gen = _gencode("90a") if "90a" in archs else []
-        else:
-            gen = [g for a in archs for g in _gencode(a)]
+        gen = gencode_for(src.parent.name, archs)
         cmd = [nvcc, *common, *gen, "-c", str(src), "-o", str(obj)]
         if verbose:
             print(" ".join(cmd), flush=True)

@@ -410,9 +410,10 @@ static cudaError_t require_sm90() {
 
 // cudaSuccess when this library holds real sm_90a code for the kernels here. A library whose only
 // code for sm_90 is PTX of an older architecture (JIT-compiled at load) would run these kernels
-// with their bodies compiled out (W12_WGMMA is 0 there) and write nothing. (An sm_80-only cubin
-// does not load on sm_90 at all: session 9 checked that every kernel then fails with "no kernel
-// image".) Checked once per device.
+// with their bodies compiled out (W12_WGMMA is 0 there) and write nothing: csrc/build.py used to
+// give this file nvcc's default target (compute_75 PTX) in builds without 90a, and no longer does
+// (gencode_for). An sm_80-only cubin does not load on sm_90 at all (session 9 checked: "no kernel
+// image"). Checked once per device.
 static cudaError_t require_sm90a_image(int dev) {
   static int state[64] = {0};  // 0 unknown, 1 real sm_90a code, -1 not
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;

@@ -5,6 +5,7 @@ and (when nvcc is present) compiling the CUDA sources."""
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -281,6 +282,25 @@ def test_cuda_sources_compile(tmp_path):
         assert 1 <= s <= kt
         kper = -(-kt // s)
         assert (s - 1) * kper < kt
+
+
+def test_build_embeds_no_ptx_and_keeps_wgmma_off_other_targets():
+    # kernels_sm90/ only has real code for sm_90a; in a build without it the files must get the
+    # build's own cubin targets, never nvcc's default (compute_75 PTX, which an sm_90 GPU would
+    # JIT into a v4 that writes nothing). No target embeds PTX.
+    spec = importlib.util.spec_from_file_location("w12_build", ROOT / "csrc" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert build.gencode_for("kernels_sm90", ["80", "90a", "120a"]) == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert build.gencode_for("kernels_sm90", ["80"]) == ["-gencode=arch=compute_80,code=sm_80"]
+    assert build.gencode_for("kernels_sm120", ["80", "120a"]) == [
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_120a,code=sm_120a",
+    ]
+    for src_dir in ("csrc", "kernels_sm120", "kernels_sm90"):
+        for archs in (["80"], ["90a"], ["80", "90a", "120a"]):
+            flags = build.gencode_for(src_dir, archs)
+            assert flags and all(f.split(",code=")[1].startswith("sm_") for f in flags), (src_dir, archs, flags)
 
 
 def _v1_splits(n, k, target, sms):
