@@ -7,18 +7,20 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: opt-in (W12_GEMM_KERNEL=v4). Session 9: ahead of v1 from 32 tokens up (64 tokens about
-// -8 %, lm_head -20 %), level at 1 token on the large shapes, behind on o/down at 1-16 tokens.
-// Its bits differ from v1's (about 2-4e-4 of the outputs: wgmma and mma.sync round the k16
-// products differently), so `auto` cannot switch between the two by M (docs/perf-notes.md).
+// STATUS: opt-in (W12_GEMM_KERNEL=v4). Session 9: level with v1 at 1 token and in the decode-step
+// graph set (down 6 % slower, lm_head 6 % faster), ahead from 32 tokens up (about 10 % faster at
+// 64 tokens, lm_head 35 %), behind on o/down at 16 tokens. Its bits differ from v1's (about
+// 2-4e-4 of the outputs: wgmma and mma.sync round the k16 products differently), so `auto`
+// cannot switch between the two by M (docs/perf-notes.md).
 //
 // - Records in layout 2 (w12/layouts.py: layout 1's slots and decode, MMA k in column order):
 //   m-tile mt of quarter q (rows 32q + 16mt + 0..15) is the 16-row slice that warp q of a
 //   warpgroup gives the wgmma for mt, so the two wgmma of a k-step cover rows {32q + 0..15} and
-//   {32q + 16..31} (q = 0..3); warpgroup mt of a 2-warpgroup CTA issues the one for mt, a 1-warp-
-//   group CTA both. k-step ks covers columns 16ks..16ks+15. The activation tile is K-major in the 128-byte swizzle: one 128-byte
-//   row of x per token (v1's tile), copied whole rows at a time (session 8; the no-swizzle
-//   [chunk][token] tile before it cost 8x the ideal shared-memory wavefronts in its copies).
+//   {32q + 16..31} (q = 0..3); warpgroup mt of a 2-warpgroup CTA issues the one for mt, a
+//   1-warpgroup CTA both. k-step ks covers columns 16ks..16ks+15. The activation tile is K-major
+//   in the 128-byte swizzle: one 128-byte row of x per token (v1's tile), copied whole rows at a
+//   time (session 8; the no-swizzle [chunk][token] tile before it cost 8x the ideal
+//   shared-memory wavefronts in its copies).
 //   Session 7 moved v4 from layout 1, whose column permutation made every 16-byte core-matrix row
 //   a gather of four 4-byte pairs (ncu at 64 tokens: L1/TEX 79 % busy).
 // - K-split like v1: gemm_splits() slices (a function of N, K and the SM count, never of M); the
