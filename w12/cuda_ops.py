@@ -413,7 +413,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     stream = torch.cuda.current_stream(device)
     counters = _counters(device, stream, int(so.w12_gemm_counters(n, k, tgt, kver))) if ws_bytes else None
     flags = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 20)) if "W12_GEMM_DIAG" in os.environ else 0
-    if not _pdl(kver, n, k, m, device):  # read (and checked) on every call; v1 and v3 use the bit
+    if not _pdl(kver, n, k, m, device):  # read (and checked) on every call; v1, v3 and v4 use the bit
         flags |= 32
     code = so.w12_gemm(
         x2.data_ptr(),
