@@ -16,8 +16,12 @@
 extern "C" {
 
 // Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
-// 5: v4 reads layout 2 (w12_gemm_kernel_layout).
-int w12_gemm_abi_version(void) { return 5; }
+// 5: v4 reads layout 2 (w12_gemm_kernel_layout). 6: w12_gemm_v4_ready.
+int w12_gemm_abi_version(void) { return 6; }
+
+// 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
+// sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
+int w12_gemm_v4_ready(void) { return static_cast<int>(w12::wgmma_image_check()); }
 
 // The record layout the portable GEMM kernels (v1-v3) read (layout 1 in w12/layouts.py).
 int w12_gemm_record_layout(void) { return 1; }

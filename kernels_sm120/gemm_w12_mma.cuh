@@ -87,6 +87,8 @@ cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cud
 // and cap), summed by v1's reduce kernel; workspace gemm_workspace_bytes(), no counters.
 // cudaErrorNoKernelImageForDevice off sm_90.
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);
+// cudaSuccess when v4 can run on the current device: sm_90 and real sm_90a code in this library.
+cudaError_t wgmma_image_check();
 // The wgmma building blocks alone (register A, descriptor B, accumulator layout) on one 64x16x16
 // product; see gemm_w12_wgmma_sm90.cu. For tests.
 cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D, cudaStream_t stream);

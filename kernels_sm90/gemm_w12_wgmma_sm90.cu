@@ -428,6 +428,13 @@ static cudaError_t require_sm90a_image(int dev) {
   return state[dev] == 1 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
 }
 
+cudaError_t wgmma_image_check() {
+  if (cudaError_t e = require_sm90(); e != cudaSuccess) return e;
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  return require_sm90a_image(dev);
+}
+
 cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D, cudaStream_t stream) {
   if (cudaError_t e = require_sm90(); e != cudaSuccess) return e;
   int dev = 0;

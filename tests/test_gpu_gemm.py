@@ -30,6 +30,8 @@ def _all_kernels():
 
 
 KERNELS = _all_kernels()
+# The layout the default kernel (auto) reads here: 2 where auto runs v4 (sm_90), else 1.
+DEFAULT_LAYOUT = cuda_ops.preferred_layout(DEV) if torch.cuda.is_available() else 1
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -94,7 +96,7 @@ def test_gemm_matches_fp64(m, n, k, kernel, monkeypatch):
 def test_bias_and_leading_dims():
     gen = torch.Generator().manual_seed(5)
     wt = _weight(300, 200, gen)
-    w = w12.pack(wt).to(DEV).with_layout(1)
+    w = w12.pack(wt).to(DEV).with_layout(DEFAULT_LAYOUT)
     x = torch.randn(2, 3, 200, generator=gen).to(torch.bfloat16).to(DEV)
     b = torch.randn(300, generator=gen).to(DEV)
     y = w12.linear(x, w, b.to(torch.bfloat16))
@@ -124,7 +126,7 @@ def test_inf_nan_and_subnormal_weights():
     wt[7, 0] = float("-inf")
     wt[9, 127] = float("nan")
     wt[11, 1] = torch.tensor(1e-40).to(torch.bfloat16)  # subnormal
-    w = w12.pack(wt).to(DEV).with_layout(1)
+    w = w12.pack(wt).to(DEV).with_layout(DEFAULT_LAYOUT)
     x = torch.randn(5, 128, generator=gen).to(torch.bfloat16).to(DEV)
     x[2, 5] = 0.0  # inf * 0 = NaN in row 3, token 2
     y = w12.linear(x, w).double()
@@ -207,7 +209,7 @@ def test_kernel_variants_agree(n, k, m, variant, monkeypatch):
 def test_cuda_graph_capture_and_replay():
     gen = torch.Generator().manual_seed(12)
     wt = _weight(512, 4096, gen)
-    w = w12.pack(wt).to(DEV).with_layout(1)
+    w = w12.pack(wt).to(DEV).with_layout(DEFAULT_LAYOUT)
     x = torch.randn(4, 4096, generator=gen).to(torch.bfloat16).to(DEV)
     eager = w12.linear(x, w)
     s = torch.cuda.Stream()
@@ -232,13 +234,13 @@ def test_layout0_records_still_correct():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         y = w12.linear(x, w)
-    y1 = w12.linear(x, w.with_layout(1))
+    y1 = w12.linear(x, w.with_layout(DEFAULT_LAYOUT))
     assert torch.equal(y.view(torch.int16), y1.view(torch.int16))
 
 
 def test_zero_rows():
     gen = torch.Generator().manual_seed(14)
-    w = w12.pack(_weight(128, 64, gen)).to(DEV).with_layout(1)
+    w = w12.pack(_weight(128, 64, gen)).to(DEV).with_layout(DEFAULT_LAYOUT)
     y = w12.linear(torch.empty(0, 64, dtype=torch.bfloat16, device=DEV), w)
     assert y.shape == (0, 128)
 
@@ -249,7 +251,7 @@ def _op_args(x, w, bias=None):
 
 def test_bad_inputs_raise_clear_errors():
     gen = torch.Generator().manual_seed(15)
-    w = w12.pack(_weight(130, 70, gen)).to(DEV).with_layout(1)
+    w = w12.pack(_weight(130, 70, gen)).to(DEV).with_layout(DEFAULT_LAYOUT)
     x = torch.randn(3, 70, generator=gen).to(torch.bfloat16).to(DEV)
     with pytest.raises(TypeError, match="bfloat16"):
         torch.ops.w12.linear(*_op_args(x.half(), w))
@@ -275,7 +277,8 @@ def test_splits_do_not_depend_on_m():
     s = cuda_ops.splits(4096, 4096, DEV)
     assert 2 <= s <= 8
     assert cuda_ops.splits(128256, 4096, DEV) == 1
-    assert layouts.MMA_SYNC_LAYOUT == cuda_ops.preferred_layout(DEV)
+    want = layouts.WGMMA_LAYOUT if "v4" in KERNELS else layouts.MMA_SYNC_LAYOUT
+    assert cuda_ops.preferred_layout(DEV) == want  # auto runs v4 on sm_90, v1/v2 elsewhere
 
 
 @pytest.mark.parametrize("m", [1, 16, 64])
@@ -366,11 +369,11 @@ def test_bad_kernel_setting(monkeypatch):
 @pytest.mark.parametrize("n,k", [(384, 1000), (4096, 4096)])
 def test_auto_kernel_matches_its_choice(n, k, monkeypatch):
     gen = torch.Generator().manual_seed(81)
-    w = w12.pack(_weight(n, k, gen, spread=False)).to(DEV).with_layout(1)
+    w = w12.pack(_weight(n, k, gen, spread=False)).to(DEV).with_layout(DEFAULT_LAYOUT)
     x = torch.randn(7, k, generator=gen).to(torch.bfloat16).to(DEV)
     monkeypatch.setenv("W12_GEMM_KERNEL", "auto")
     chosen = cuda_ops.kernel_version(n, k, DEV)
-    assert chosen in (1, 2, 3)
+    assert chosen == 4 if "v4" in KERNELS else chosen in (1, 2)
     y = w12.linear(x, w).view(torch.int16)
     monkeypatch.setenv("W12_GEMM_KERNEL", f"v{chosen}")
     assert torch.equal(w12.linear(x, w).view(torch.int16), y)

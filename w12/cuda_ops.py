@@ -9,9 +9,9 @@ defines Python functions only: no library load, no CUDA initialisation.
 Settings (environment, read on each call):
   ``W12_GEMM_KERNEL`` (default ``auto``): ``v1`` = fixed K-split, per-thread cp.async ring;
       ``v2`` = warp-specialised persistent stream-K kernel; ``v3`` = row slabs with the K-split
-      inside the CTA (no cross-CTA reduction); ``v4`` = Hopper wgmma (sm_90 only, opt-in: level
-      with v1 at M = 1, ahead from 32 tokens up; docs/perf-notes.md); ``auto`` = per weight shape
-      by ``choose_kernel``
+      inside the CTA (no cross-CTA reduction); ``v4`` = Hopper wgmma (sm_90 only); ``auto`` = v4
+      on sm_90 (where the library holds its sm_90a code), elsewhere v1 or v2 per weight shape by
+      ``choose_kernel``
       (N, K and SM count only). Every kernel is deterministic and M-independent, but they sum in
       different orders: their bits differ, so the choice never depends on M.
   ``W12_GEMM_CTAS_PER_SM`` (default 2): v2: persistent CTAs per SM (grid = SMs x this); v1: the
@@ -47,7 +47,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 5
+_GEMM_ABI = 6
 
 
 def library_path() -> Path:
@@ -89,15 +89,44 @@ def kernel_layout(kver: int) -> int:
 
 
 def preferred_layout(device=None) -> int:
-    """The record layout the CUDA GEMM reads; 0 where no kernel would run.
+    """The record layout the CUDA GEMM reads on ``device`` (default: the current GPU); 0 off CUDA.
 
-    Layout 1 unless ``W12_GEMM_KERNEL=v4`` selects the wgmma kernel, which reads layout 2
-    (``auto`` never picks v4). Loaders store records in this layout, so set the variable before
-    loading a model; records in another layout still work, permuted on every call (a warning says so).
+    Layout 2 where the wgmma kernel runs (``W12_GEMM_KERNEL=v4``, or ``auto`` on sm_90), else
+    layout 1. Loaders store records in this layout, so set the variable before loading a model;
+    records in another layout still work, permuted on every call (a warning says so).
     """
     if device is not None and torch.device(device).type != "cuda":
         return 0
-    return kernel_layout(4) if os.environ.get("W12_GEMM_KERNEL") == "v4" else layouts.MMA_SYNC_LAYOUT
+    raw = os.environ.get("W12_GEMM_KERNEL", "auto")
+    if raw == "v4" or (raw == "auto" and _auto_takes_v4(device)):
+        return kernel_layout(4)
+    return layouts.MMA_SYNC_LAYOUT
+
+
+def _device_index(device) -> int:
+    dev = torch.device(device if device is not None else "cuda")
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=64)
+def _v4_ready(idx: int) -> bool:
+    # sm_90 and real sm_90a code in the library (w12_gemm_v4_ready); asked once per device.
+    if torch.cuda.get_device_capability(idx) != (9, 0):
+        return False
+    with torch.cuda.device(idx):
+        return int(_gemm_lib().w12_gemm_v4_ready()) == 0
+
+
+def _auto_takes_v4(device) -> bool:
+    """Whether ``auto`` runs v4 on ``device``: on sm_90, for every weight shape and every M.
+
+    v4's bits differ from v1's (wgmma and mma.sync round the k16 products differently, in about
+    2-4e-4 of the outputs), so the choice is per device, never per M. Session 9 (docs/perf-notes.md):
+    level with v1 at M = 1 and in the decode-step graph set, ahead from 32 tokens up.
+    """
+    if not torch.cuda.is_available() or not available():
+        return False
+    return _v4_ready(_device_index(device))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +162,7 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_counters.restype = _INT
     so.w12_gemm_counters.argtypes = [_INT, _INT, _INT, _INT]
+    so.w12_gemm_v4_ready.restype = _INT
     so.w12_gemm_splits.restype = _INT
     so.w12_gemm_splits.argtypes = [_INT, _INT, _INT, _INT]
     so.w12_gemm_check_device.restype = _INT
@@ -231,6 +261,8 @@ def kernel_version(n: int | None = None, k: int | None = None, device="cuda") ->
                 "use v1, v2, v3 or auto"
             )
     if _KERNELS[raw] == 0:
+        if _auto_takes_v4(device):
+            return 4
         if n is None or k is None:
             raise ValueError("W12_GEMM_KERNEL=auto chooses per weight shape: pass n and k")
         sms = _check_device(torch.device(device))
