@@ -7,11 +7,11 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: opt-in (W12_GEMM_KERNEL=v4). Session 9: level with v1 at 1 token and in the decode-step
+// STATUS: `auto` on sm_90 (branch wip/v4-default; v1 elsewhere). Session 9: level with v1 at 1 token and in the decode-step
 // graph set (down 6 % slower, lm_head 6 % faster), ahead from 32 tokens up (about 10 % faster at
 // 64 tokens, lm_head 35 %), behind on o/down at 16 tokens. Its bits differ from v1's (about
-// 2-4e-4 of the outputs: wgmma and mma.sync round the k16 products differently), so `auto`
-// cannot switch between the two by M (docs/perf-notes.md).
+// 2-4e-4 of the outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes
+// it for every M or for none (docs/perf-notes.md).
 //
 // - Records in layout 2 (w12/layouts.py: layout 1's slots and decode, MMA k in column order):
 //   m-tile mt of quarter q (rows 32q + 16mt + 0..15) is the 16-row slice that warp q of a
