@@ -41,8 +41,9 @@ int w12_gemm_splits(int n, int k, int target_ctas, int sms) { return w12::gemm_s
 int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, int kernel) {
   if (kernel == 3) return 0;
   if (kernel == 2) return static_cast<int64_t>(w12::gemm_sk_workspace_bytes(m, target_ctas));
-  // v4 parks v1-ordered partials for v1's reduce kernel: v1's size.
-  return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas, sms));
+  // v4 parks v1-ordered partials for v1's reduce kernel, up to 128 tokens per launch (v1: 64).
+  const int max_tokens = kernel == 4 ? w12::kWgmmaMaxTokens : 64;
+  return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas, sms, max_tokens));
 }
 
 // Ints of zeroed counter/flag memory a call needs (zero on entry, left zero on exit).

@@ -46,14 +46,16 @@ struct GemmArgs : GemmOperands {
                             // changes a bit of the result; bits 20+ are the launcher's own
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
                             // v3 (gemm_slab_launch): bit 1 (stream only), 32 (above); v4 (gemm_wgmma_launch): 64 = decode overlapping the
-                            // previous record's wgmma (same bits), 524288 = one warpgroup per CTA instead of two (same bits)
+                            // previous record's wgmma (at 65..128 tokens: the plain loop; same bits), 524288 = one warpgroup per CTA
+                            // instead of two up to 64 tokens, 262144 = two row tiles per CTA from 33 tokens up (same bits),
+                            // 1 = activation tiles copied for the first ring stages only (wrong output)
 };
 
 // Argument checks shared by every launcher (M == 0 is valid and launches nothing).
 inline cudaError_t gemm_check_args(const GemmArgs& a) {
   if (a.M < 0 || a.N <= 0 || a.K <= 0) return cudaErrorInvalidValue;
   const int kt = (a.K + 63) / 64;
-  // ldx < 2^24: the kernels address a 64-token chunk of x with 32-bit offsets.
+  // ldx < 2^24: the kernels address a chunk of x with 32-bit offsets (v4's 128 tokens: 127 * 2^24 < 2^31).
   if (a.ldx < (int64_t)kt * 64 || (a.ldx & 7) || a.ldx >= (1 << 24) || a.ldy < a.N) return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(a.x) & 15) || (reinterpret_cast<uintptr_t>(a.records) & 15))
     return cudaErrorMisalignedAddress;
@@ -65,7 +67,9 @@ inline cudaError_t gemm_check_args(const GemmArgs& a) {
 // max_splits: a further cap below the rule's own (16 for few-tile weights, else 8), for kernels
 // that need one (v4 reduces in a portable cluster: 8).
 int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits = 16);
-size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms);
+// max_tokens: the most token rows one launch takes (v1 64, v4 128); the workspace holds one
+// launch's partials (longer M runs in passes that reuse it, in stream order).
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int max_tokens = 64);
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream);
 // v2, persistent stream-K (gemm_w12_streamk_sm120.cu). The grid (target_ctas CTAs) fixes the
 // record ranges and so the summation order; M never does. workspace: gemm_sk_workspace_bytes();
@@ -84,7 +88,9 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream);
 cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream);
 
 // v4, Hopper wgmma (kernels_sm90/gemm_w12_wgmma_sm90.cu, sm_90a only): v1's K slices (v1's rule
-// and cap), summed by v1's reduce kernel; workspace gemm_workspace_bytes(), no counters.
+// and cap), summed by v1's reduce kernel; up to kWgmmaMaxTokens token rows per launch; workspace
+// gemm_workspace_bytes(..., kWgmmaMaxTokens), no counters.
+constexpr int kWgmmaMaxTokens = 128;
 // cudaErrorNoKernelImageForDevice off sm_90.
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);
 // cudaSuccess when v4 can run on the current device: sm_90 and real sm_90a code in this library.

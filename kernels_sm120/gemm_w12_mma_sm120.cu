@@ -514,7 +514,9 @@ cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStrea
   if (tokens <= 8) return wide ? launch_reduce<1, 1>(p, tiles, stream) : launch_reduce<1, 2>(p, tiles, stream);
   if (tokens <= 16) return wide ? launch_reduce<2, 1>(p, tiles, stream) : launch_reduce<2, 2>(p, tiles, stream);
   if (tokens <= 32) return wide ? launch_reduce<4, 1>(p, tiles, stream) : launch_reduce<4, 2>(p, tiles, stream);
-  return wide ? launch_reduce<8, 1>(p, tiles, stream) : launch_reduce<8, 2>(p, tiles, stream);
+  if (tokens <= 64) return wide ? launch_reduce<8, 1>(p, tiles, stream) : launch_reduce<8, 2>(p, tiles, stream);
+  // 65..128 tokens in one pass: v4 only (4-warp partial map; v1 never launches more than 64).
+  return wide ? cudaErrorInvalidValue : launch_reduce<16, 2>(p, tiles, stream);
 }
 
 template <int NCH, int STAGES, int MTW>
@@ -537,7 +539,7 @@ cudaError_t launch_stages(const KParams& p, int grid, int tokens, int smem_min, 
   return wide ? launch_one<8, STAGES, 1>(p, grid, smem_min, dev, stream) : launch_one<8, STAGES, 2>(p, grid, smem_min, dev, stream);
 }
 
-int nchunks_for(int tokens) { return tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : 8; }
+int nchunks_for(int tokens) { return tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : tokens <= 64 ? 8 : 16; }
 
 }  // namespace
 
@@ -580,10 +582,10 @@ int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits) {
   return no_empty(best);
 }
 
-size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms) {
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int max_tokens) {
   const int s = gemm_splits(N, K, target_ctas, sms, kMaxSplits);
   if (s <= 1 || M <= 0) return 0;
-  const int tokens = M < kMaxTokens ? M : kMaxTokens;
+  const int tokens = M < max_tokens ? M : max_tokens;
   const size_t nt = (N + 127) / 128;
   return nt * s * 2 * nchunks_for(tokens) * 128 * sizeof(float4);  // same for 4 or 8 warps
 }

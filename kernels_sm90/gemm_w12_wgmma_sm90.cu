@@ -1,6 +1,6 @@
 // W12 GEMM v4 for Hopper (sm_90a): the decoded record is the register A operand of wgmma.
 // y[M, N] = x[M, K] W[N, K]^T as y^T = W x^T, weights the MMA's M side (64 rows per wgmma), tokens
-// its N (8, 16, 32 or 64 per launch), activations the shared-memory B operand.
+// its N (8, 16, 32, 64 or 128 per launch), activations the shared-memory B operand.
 //
 // Why (docs/perf-notes.md): on the mma.sync kernels the M = 1 decode is instruction-latency bound
 // and from M = 16 up the HMMA count per record (16-64 per warp) dominates. Here each of the two
@@ -47,13 +47,15 @@ namespace w12 {
 namespace {
 
 constexpr int kRec = 12288;
-constexpr int kMaxTokens = 64;
+constexpr int kMaxTokens = kWgmmaMaxTokens;  // 128: one pass for 65..128 tokens (NCH = 16)
 constexpr int kThreads = 128;  // one warpgroup
 constexpr int kOneWarpgroup = 1 << 19;  // diagnostic 524288 (v1's "never 8-warp CTAs"): WG = 1
+constexpr int kRowPairs = 1 << 18;      // diagnostic 262144: WG = 4, two row tiles per CTA
 
 struct WParams : GemmOperands {
   int M, N, KT, S, kper;
   int pdl;  // launched with programmatic dependent launch: wait for the previous kernel first
+  int x_once;  // diagnostic 1 (wrong output): activation tiles copied for the first stages only
   int64_t ldx, ldy;
   float4* ws;  // S > 1: partial sums in v1's order, summed by v1's reduce kernel (gemm_reduce_launch)
 };
@@ -142,32 +144,58 @@ struct Wgmma<64> {
         : "memory");
   }
 };
+
+template <>
+struct Wgmma<128> {
+  // 65..128 tokens in one pass (WG = 2 only: 64 accumulators per thread).
+  static __device__ __forceinline__ void run(float (&d)[64], const uint32_t* a, uint64_t desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+        : "memory");
+  }
+};
 #endif
 
 // WG = warpgroups per CTA. WG = 1: each warp decodes both m-tiles of its 32-row quarter and the
 // warpgroup issues 8 wgmma per record. WG = 2 (session 9): warpgroup mt decodes and multiplies
 // m-tile mt only (warp w: quarter w & 3), 4 wgmma per record each, so a record's decode chain per
 // thread is half as long and an SM holds 8 warps per CTA. Every output element still sees the
-// same wgmma k-steps in the same order: the bits are those of WG = 1.
+// same wgmma k-steps in the same order: the bits are those of WG = 1. WG = 4 (session 10): two
+// row tiles per CTA (2 pair + 0/1), warpgroup w on m-tile w & 1 of row tile w >> 1, so the
+// activation tile each stage copies from L2 serves twice the weight rows (at 128 tokens it is
+// 16 KB per 12 KB record). Same wgmma per output element: same bits.
+template <int WG, int NCH>
+struct V4Blocks {
+  static constexpr int value = WG == 4 ? 1 : WG == 2 ? (NCH <= 4 ? 4 : NCH <= 8 ? 3 : 2) : 2;
+};
 template <int NCH, int STAGES, bool OVERLAP, int WG>
-__global__ void __launch_bounds__(kThreads * WG, WG == 2 ? (NCH <= 4 ? 4 : 3) : 2) gemm_w12_wgmma_kernel(const WParams p) {
+__global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_w12_wgmma_kernel(const WParams p) {
 #if W12_WGMMA
   constexpr int NTH = kThreads * WG;    // threads per CTA
-  constexpr int MTW = 2 / WG;           // m-tiles per thread
+  constexpr int MTW = WG == 1 ? 2 : 1;  // m-tiles per thread
+  constexpr int RT = WG == 4 ? 2 : 1;   // row tiles per CTA
   constexpr int T = 8 * NCH;            // token rows of the B tile
   constexpr int kX = T * 128;           // B tile bytes (T rows of 128 B, 128-byte swizzle)
-  constexpr int kStage = kRec + kX;
+  constexpr int kStage = RT * kRec + kX;
   constexpr int ND = T / 2;             // accumulator floats per m-tile per thread
   // 1024-byte aligned: the swizzled B tiles (kRec and kX are multiples of 1024, so every stage's
   // tile is too).
   extern __shared__ __align__(1024) uint8_t smem[];
 
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int quarter = (tid >> 5) & 3, mt0 = WG == 2 ? tid >> 7 : 0;  // mt0: this thread's first m-tile
-  const int rowtile = blockIdx.x / p.S, split = blockIdx.x % p.S;
+  const int quarter = (tid >> 5) & 3, mt0 = WG == 1 ? 0 : (tid >> 7) & 1;  // mt0: this thread's first m-tile
+  const int rtl = WG == 4 ? tid >> 8 : 0;  // this thread's row tile within the CTA
+  const int rowtile = (blockIdx.x / p.S) * RT + rtl, split = blockIdx.x % p.S;
+  // An odd last row tile leaves the second of its pair empty: those warpgroups copy nothing,
+  // multiply whatever their ring holds and store nothing, but keep every barrier.
+  const bool rt_ok = RT == 1 || rowtile * 128 < p.N;
   const int kt0 = split * p.kper;
   const int nrec = min(p.KT - kt0, p.kper);
-  const uint8_t* rec0 = p.records + ((size_t)rowtile * p.KT + kt0) * kRec;
+  const uint8_t* rec0 = p.records + ((size_t)(rt_ok ? rowtile : 0) * p.KT + kt0) * kRec;
   // With PDL this grid may start while the previous kernel still runs: nothing it reads may be
   // touched before the wait (records included: a kernel before this one may have written them).
   if (p.pdl) pdl_wait();
@@ -175,6 +203,7 @@ __global__ void __launch_bounds__(kThreads * WG, WG == 2 ? (NCH <= 4 ? 4 : 3) : 
   if (p.S > 1) pdl_launch_dependents();
   const uint32_t sbase = smem_u32(smem);
   // Fragment bytes of m-tile mt: hi q = 2mt, 2mt + 1 (512 B apart), lo likewise (256 B apart).
+  // (In the record; in the stage the record of row tile rtl starts at rtl * kRec.)
   const uint32_t hi_off = quarter * 2048 + lane * 16 + mt0 * 1024, lo_off = 8192 + quarter * 1024 + lane * 8 + mt0 * 512;
 
   // B tile (layout 2: x in column order) as T rows of 128 B, one per token, in the 128-byte
@@ -186,10 +215,10 @@ __global__ void __launch_bounds__(kThreads * WG, WG == 2 ? (NCH <= 4 ? 4 : 3) : 
   // instead of 4 (7.3 M for gate_up at 64 tokens, 61 % of all) and left v4 MIO-bound.
   // Rows >= M are zeroed once below and never copied.
   constexpr int kXU = (T * 8 + NTH - 1) / NTH;  // pieces per thread (T = 8: 64 pieces)
-  constexpr int kXRows = NTH / 8;               // token rows between a thread's pieces (16 or 32)
+  constexpr int kXRows = NTH / 8;               // token rows between a thread's pieces (16, 32, 64)
   const int xr0 = tid >> 3, xc0 = tid & 7;
   const bool x_mine = xr0 < T;  // T = 8: threads 0..63
-  const uint32_t xdst0 = kRec + xr0 * 128 + ((xc0 ^ (xr0 & 7)) << 4);
+  const uint32_t xdst0 = RT * kRec + xr0 * 128 + ((xc0 ^ (xr0 & 7)) << 4);
   const int xoff0 = xr0 * (int)p.ldx + 8 * xc0;  // ldx < 2^24 (gemm_check_args)
   // Piece u: kXRows * u rows further down, same chunk and the same swizzle (kXRows % 8 == 0).
   auto xrow = [](int u) { return kXRows * u; };
@@ -200,14 +229,16 @@ __global__ void __launch_bounds__(kThreads * WG, WG == 2 ? (NCH <= 4 ? 4 : 3) : 
     const uint8_t* hs = hi_src + (size_t)i * kRec;
     const uint8_t* ls = lo_src + (size_t)i * kRec;
     const uint32_t dst = sbase + slot * kStage;
+    if (rt_ok) {
 #pragma unroll
-    for (int q = 0; q < 2 * MTW; ++q) cp_async16(dst + hi_off + q * 512, hs + q * 512);
+      for (int q = 0; q < 2 * MTW; ++q) cp_async16(dst + rtl * kRec + hi_off + q * 512, hs + q * 512);
 #pragma unroll
-    for (int q = 0; q < 2 * MTW; ++q) cp_async8(dst + lo_off + q * 256, ls + q * 256);
+      for (int q = 0; q < 2 * MTW; ++q) cp_async8(dst + rtl * kRec + lo_off + q * 256, ls + q * 256);
+    }
     const uint16_t* xs = p.x + (int64_t)(kt0 + i) * 64;
 #pragma unroll
     for (int u = 0; u < kXU; ++u)
-      if (x_mine && xr0 + xrow(u) < p.M)
+      if (x_mine && xr0 + xrow(u) < p.M && !(p.x_once && i >= STAGES))
         cp_async16_ca(dst + xdst0 + xrow(u) * 128, xs + xoff0 + xrow(u) * (int)p.ldx);
   };
   // Rows >= M of every stage's B tile: zero once (the copies never write them); the first
@@ -245,7 +276,7 @@ __global__ void __launch_bounds__(kThreads * WG, WG == 2 ? (NCH <= 4 ? 4 : 3) : 
     fence_proxy_async_smem();
     const int slot = rd_slot;
     rd_slot = rd_slot == STAGES - 1 ? 0 : rd_slot + 1;
-    const uint8_t* st = smem + slot * kStage;
+    const uint8_t* st = smem + slot * kStage + rtl * kRec;
     auto decode = [&]() {
 #pragma unroll
       for (int q = 0; q < 2 * MTW; ++q) {
@@ -266,7 +297,7 @@ __global__ void __launch_bounds__(kThreads * WG, WG == 2 ? (NCH <= 4 ? 4 : 3) : 
     cp_async_commit();
     wr_slot = wr_slot == STAGES - 1 ? 0 : wr_slot + 1;
     wgmma_fence();
-    const uint32_t xb = sbase + slot * kStage + kRec;
+    const uint32_t xb = sbase + slot * kStage + RT * kRec;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const uint64_t desc = smem_desc_sw128(xb + 32 * ks);
@@ -329,6 +360,7 @@ __global__ void __launch_bounds__(kThreads * WG, WG == 2 ? (NCH <= 4 ? 4 : 3) : 
   // holding rows 16mt + g (+8), tokens 8j + 2t (+1): the same map as v1's 4-warp CTA), and v1's
   // PDL reduce kernel sums the slices in slice order and runs the epilogue. This replaced a
   // thread-block cluster per row tile, which v1 measured slower at every M (docs/perf-notes.md).
+  if (!rt_ok) return;
   float4* mine = p.ws + ((size_t)rowtile * p.S + split) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
@@ -341,7 +373,7 @@ __global__ void __launch_bounds__(kThreads * WG, WG == 2 ? (NCH <= 4 ? 4 : 3) : 
 // smem_min: shared memory asked for beyond the ring, to cap the CTAs an SM holds (PDL, below).
 template <int NCH, int STAGES, bool OVERLAP, int WG>
 cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stream) {
-  const int smem = max(STAGES * (kRec + NCH * 8 * 128), smem_min);
+  const int smem = max(STAGES * ((WG == 4 ? 2 : 1) * kRec + NCH * 8 * 128), smem_min);
   constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG>;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -350,19 +382,36 @@ cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stre
   return launch_ex(kern, dim3(grid), dim3(kThreads * WG), smem, stream, 1, p.pdl != 0, p);
 }
 
-// The overlap form (diagnostic 64) exists with 3 stages only.
+// The overlap form exists with 3 stages only. wg: warpgroups per CTA (4 = row-tile pairs, from
+// 32 tokens up only); 65..128 tokens take 2 or 4 (one warpgroup would need 128 accumulators per
+// thread).
 template <int NCH>
-cudaError_t launch_pick(int stages, bool overlap, bool two_wg, const WParams& p, int grid, int smem_min,
+cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int grid, int smem_min,
                         cudaStream_t stream) {
-  if (overlap)
-    return two_wg ? launch_w<NCH, 3, true, 2>(p, grid, smem_min, stream) : launch_w<NCH, 3, true, 1>(p, grid, smem_min, stream);
-  if (stages == 3)
-    return two_wg ? launch_w<NCH, 3, false, 2>(p, grid, smem_min, stream) : launch_w<NCH, 3, false, 1>(p, grid, smem_min, stream);
-  return two_wg ? launch_w<NCH, 4, false, 2>(p, grid, smem_min, stream) : launch_w<NCH, 4, false, 1>(p, grid, smem_min, stream);
+  if constexpr (NCH >= 4) {
+    if (wg == 4) {
+      if (overlap) return launch_w<NCH, 3, true, 4>(p, grid, smem_min, stream);
+      return stages == 3 ? launch_w<NCH, 3, false, 4>(p, grid, smem_min, stream)
+                         : launch_w<NCH, 4, false, 4>(p, grid, smem_min, stream);
+    }
+  }
+  if constexpr (NCH == 16) {
+    if (overlap) return launch_w<16, 3, true, 2>(p, grid, smem_min, stream);
+    return stages == 3 ? launch_w<16, 3, false, 2>(p, grid, smem_min, stream)
+                       : launch_w<16, 4, false, 2>(p, grid, smem_min, stream);
+  } else {
+    const bool two_wg = wg == 2;
+    if (overlap)
+      return two_wg ? launch_w<NCH, 3, true, 2>(p, grid, smem_min, stream) : launch_w<NCH, 3, true, 1>(p, grid, smem_min, stream);
+    if (stages == 3)
+      return two_wg ? launch_w<NCH, 3, false, 2>(p, grid, smem_min, stream) : launch_w<NCH, 3, false, 1>(p, grid, smem_min, stream);
+    return two_wg ? launch_w<NCH, 4, false, 2>(p, grid, smem_min, stream) : launch_w<NCH, 4, false, 1>(p, grid, smem_min, stream);
+  }
 }
 
-// Shared memory per CTA (ring, 1 KB reserved per CTA) at `stages` deep for 8*nch tokens.
-static int ring_bytes(int stages, int nch) { return stages * (kRec + nch * 8 * 128) + 1024; }
+// Shared memory per CTA (ring, 1 KB reserved per CTA) at `stages` deep for 8*nch tokens and rt
+// row tiles per CTA.
+static int ring_bytes(int stages, int nch, int rt = 1) { return stages * (rt * kRec + nch * 8 * 128) + 1024; }
 
 // Self-test of the wgmma building blocks above, independent of the W12 decode: D[64x16] = A B^T
 // for A [64][16] and B [16 tokens][16] BF16 row-major, A through the register fragment layout
@@ -466,21 +515,35 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   p.ldx = a.ldx;
   p.ldy = a.ldy;
   p.pdl = (a.flags & 32) ? 0 : 1;  // diagnostic 32 = no PDL (the Python rule sets it: W12_GEMM_PDL)
+  p.x_once = a.flags & 1;
   for (int m0 = 0; m0 < a.M; m0 += kMaxTokens) {
     const int tokens = (a.M - m0) < kMaxTokens ? (a.M - m0) : kMaxTokens;
     p.x = a.x + (int64_t)m0 * a.ldx;
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
-    const int grid = nt * p.S;
+    const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : tokens <= 64 ? 8 : 16;
     // Two warpgroups per CTA unless diagnostic 524288 asks for one (session 9: same bits; M = 64
-    // -3 % geomean, lm_head -12 %, 32B [51200, 5120] -18 %; M <= 32 within +-1 %).
-    const bool ov = (a.flags & 64) != 0, two = (a.flags & kOneWarpgroup) == 0;
-    const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : 8;
+    // -3 % geomean, lm_head -12 %, 32B [51200, 5120] -18 %; M <= 32 within +-1 %). Row-tile pairs
+    // (4 warpgroups, half the activation-tile traffic per record) at 65..128 tokens where a CTA
+    // streams >= 16 records; diagnostic 262144 forces them from 33 tokens up. Session 10
+    // (docs/perf-notes.md), 128 tokens: lm_head 451 -> 406 us, 32B [51200, 5120] 256 -> 225,
+    // [5120, 25600] 102 -> 94, gate_up 105 -> 102, but qkv (8 records per CTA) 32.4 -> 36.5; at
+    // 32 and 64 tokens slower on most shapes (lm_head 205 -> 232 us at 32).
+    int wg = (a.flags & kOneWarpgroup) && nch <= 8 ? 1 : 2;
+    if (((a.flags & kRowPairs) && nch >= 4) || (nch == 16 && p.kper >= 16)) wg = 4;
+    const int rt = wg == 4 ? 2 : 1;
+    const int grid = (nt + rt - 1) / rt * p.S;
+    // The overlap form (decode of record i+1 behind record i's wgmma): diagnostic 64 up to 64
+    // tokens; the default at 65..128, where the four m64n128k16 per record are long enough that
+    // it pays (session 10, docs/perf-notes.md: Llama geomean 0.604 -> 0.633, down 55.0 -> 47.5
+    // us, 32B [10240, 5120] 57.7 -> 47.8; 4 stages no better), and there diagnostic 64 selects
+    // the plain loop.
+    const bool ov = ((a.flags & 64) != 0) != (nch == 16);
     // Ring depth (W12_GEMM_STAGES = 3 or 4 forces one): wave_stages(), with its tail rule at 64
     // tokens. Session 9, same-call A/B of 3 against 4 stages: 3 won on the many-CTA grids at <= 16
     // tokens (gate_up M = 1 51.9 -> 48.4 us, lm_head 187.6 -> 183.6, qkv 14.2 -> 14.0), 4 on the
     // small ones (o 11.1 -> 10.9, down 29.5 -> 28.7) and on gate_up at 64 tokens (77.7 -> 72.4).
-    int st = wave_stages(grid, di, ring_bytes(3, nch), nch == 8);
+    int st = wave_stages(grid, di, ring_bytes(3, nch, rt), nch == 8);
     if (a.stages == 3 || a.stages == 4) st = a.stages;
     // With PDL the CTAs are placed while the previous kernel still holds SMs; capped at what an
     // even spread needs (ceil(grid / SMs) per SM, through the shared-memory request) so that they
@@ -490,12 +553,13 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     int smem_min = 0;
     if (p.pdl) {
       const int cap = (grid + di.sms - 1) / di.sms;
-      if (cap < di.smem_sm / ring_bytes(st, nch)) smem_min = di.smem_sm / (cap + 1) + 1;
+      if (cap < di.smem_sm / ring_bytes(st, nch, rt)) smem_min = di.smem_sm / (cap + 1) + 1;
     }
-    if (nch == 1) e = launch_pick<1>(st, ov, two, p, grid, smem_min, stream);
-    else if (nch == 2) e = launch_pick<2>(st, ov, two, p, grid, smem_min, stream);
-    else if (nch == 4) e = launch_pick<4>(st, ov, two, p, grid, smem_min, stream);
-    else e = launch_pick<8>(st, ov, two, p, grid, smem_min, stream);
+    if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream);
+    else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream);
+    else if (nch == 4) e = launch_pick<4>(st, ov, wg, p, grid, smem_min, stream);
+    else if (nch == 8) e = launch_pick<8>(st, ov, wg, p, grid, smem_min, stream);
+    else e = launch_pick<16>(st, ov, wg, p, grid, smem_min, stream);
     if (e != cudaSuccess) return e;
     if (p.S > 1 && (e = gemm_reduce_launch(a, m0, tokens, p.S, stream)) != cudaSuccess) return e;
   }

@@ -141,7 +141,7 @@ def test_inf_nan_and_subnormal_weights():
 @pytest.mark.parametrize("n,k", [(512, 4096), (4096, 4096), (384, 1000), (256, 14336)])
 def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     # The fused kernel's promise (the decode + cuBLAS prefill fallback makes none): keep it on for
-    # M = 128, which runs as two 64-token passes.
+    # M = 128, which runs as two 64-token passes (v1-v3) or one 128-token pass (v4).
     monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
     monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
     gen = torch.Generator().manual_seed(11)
@@ -154,7 +154,7 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     for m in [1, 2, 3, 7, 8, 16, 31, 33, 64]:
         part = w12.linear(x[:m].clone(), w).view(torch.int16)
         assert torch.equal(part, full[:m]), f"rows computed with M={m} differ from M=128"
-    # Rows of the second 64-token pass equal the same rows computed on their own.
+    # Rows 64.. (v1-v3: the second pass; v4: the same pass) equal those rows computed on their own.
     assert torch.equal(w12.linear(x[64:].clone(), w).view(torch.int16), full[64:])
 
 
@@ -467,15 +467,28 @@ def test_v1_ring_depth_changes_no_bit(n, k, m, monkeypatch):
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize(
-    "diag,stages", [("64", "0"), ("524288", "0"), ("524352", "0"), ("0", "3"), ("0", "4"), ("32", "0")]
+    "diag,stages",
+    [
+        ("64", "0"),
+        ("524288", "0"),
+        ("524352", "0"),
+        ("0", "3"),
+        ("0", "4"),
+        ("32", "0"),
+        ("262144", "0"),
+        ("262144", "4"),
+        ("262208", "0"),
+    ],
 )
-@pytest.mark.parametrize("m", [1, 9, 17, 33, 64])
+@pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 100])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000), (130, 70)])
 def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
-    # W12_GEMM_DIAG=64: decode of record i overlapping record i-1's wgmma (two A buffers);
-    # 524288: one warpgroup per CTA (each warp decodes both m-tiles) instead of two; 524352: both;
-    # W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch. The same wgmma in
-    # the same order for every output element, so the same bits.
+    # W12_GEMM_DIAG=64: decode of record i overlapping record i-1's wgmma (two A buffers; at
+    # 65..128 tokens, where that is the default, the plain loop); 524288: one warpgroup per CTA
+    # (each warp decodes both m-tiles) instead of two, up to 64 tokens; 524352: both; 262144: two
+    # row tiles per CTA (4 warpgroups) from 33 tokens up (384 rows: an odd tile count, the last
+    # pair half empty); W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch.
+    # The same wgmma in the same order for every output element, so the same bits.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     gen = torch.Generator().manual_seed(111 + m)
     wt = _weight(n, k, gen, spread=False)
@@ -486,6 +499,25 @@ def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
     monkeypatch.setenv("W12_GEMM_DIAG", diag)
     monkeypatch.setenv("W12_GEMM_STAGES", stages)
     assert torch.equal(w12.linear(x, w).view(torch.int16), a.view(torch.int16)), f"W12_GEMM_DIAG={diag} STAGES={stages}"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+def test_v4_row_pairs_match_smaller_m(monkeypatch):
+    # 65..128 tokens in one pass, where a CTA streams >= 16 records: two row tiles per CTA (here
+    # 129 tiles, the last one 16 rows and alone in its pair; K split in 2). Rows must equal the
+    # same rows computed at 1 and 64 tokens (one row tile per CTA) and the FP64 reference.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
+    gen = torch.Generator().manual_seed(140)
+    wt = _weight(16400, 2048, gen, spread=False)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(128, 2048, generator=gen).to(torch.bfloat16).to(DEV)
+    full = w12.linear(x, w)
+    _assert_close(full, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+    bits = full.view(torch.int16)
+    for m in [1, 64, 100]:
+        assert torch.equal(w12.linear(x[:m].clone(), w).view(torch.int16), bits[:m]), f"M={m}"
+    assert torch.equal(w12.linear(x[64:].clone(), w).view(torch.int16), bits[64:])
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")

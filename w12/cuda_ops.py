@@ -20,8 +20,8 @@ Settings (environment, read on each call):
   ``W12_GEMM_STAGES`` (default 0): v2: cap on the shared-memory ring depth (0 = as deep as fits,
       at most 16); v1, v4: async-copy ring depth 3 or 4 (0 = chosen by the grid's waves).
   ``W12_GEMM_FALLBACK_M`` (default 128): above this many token rows the op decodes the weight
-      and calls cuBLAS instead of running the fused kernel in 64-row passes (the kernel's
-      determinism across M holds for M up to this value).
+      and calls cuBLAS instead of running the fused kernel in passes of 64 token rows (v1-v3) or
+      128 (v4) (the kernel's determinism across M holds for M up to this value).
   ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3, v1 and v4:
       ``auto`` = v3, and v1 and v4 at <= 16 tokens where K is split in >= 4 slices (what measured
       faster), ``1`` = always, ``0`` = never. Timing only: the bits never change. (v2 never uses it.)
