@@ -36,13 +36,13 @@ def load(path: str) -> list[tuple[float, float, str]]:
 
 def replays(kernels, split_us: float):
     """Runs of kernels separated by more than split_us of idle GPU time."""
-    runs, cur, end = [], [], None
+    runs, cur, end = [], [], 0.0
     for k in kernels:
         if cur and k[0] - end > split_us:
             runs.append(cur)
             cur = []
+        end = max(end, k[1]) if cur else k[1]  # latest end within the current run
         cur.append(k)
-        end = k[1] if end is None or not cur[:-1] else max(end, k[1])
     if cur:
         runs.append(cur)
     return runs
