@@ -28,6 +28,7 @@
 
 #include "gemm_w12_mma.cuh"
 #include "smxx_gemm_common.cuh"
+#include "smxx_gemm_epilogue.cuh"
 #include "smxx_launch.cuh"
 #include "smxx_pipe.cuh"
 #include "smxx_w12_decode.cuh"
@@ -43,18 +44,6 @@ constexpr int kMaxTokens = 64;  // per launch; longer M is cut into 64-token chu
 // because the reduce kernel, not a thread-block cluster (at most 8), sums the slices on sm_90+;
 // on sm_80 the in-kernel ticket path handles any count.
 constexpr int kMaxSplits = 16;
-constexpr int kMaxClusterSplits = 8;
-// KParams::flags bit set by the launcher (above the diagnostic bits): the slices only store their
-// partials and gemm_w12_reduce_kernel, launched behind the GEMM with PDL, sums them. A flag rather
-// than a field: a larger KParams tipped the 64-token instantiation into spilling.
-constexpr int kReduceKernel = 1 << 20;
-// Set by the launcher when the kernel is launched with programmatic dependent launch (sm_90+): it
-// may start while the previous kernel in the stream still runs. Before griddepcontrol.wait it only
-// pulls its first records into L2 (always safe, see bulk_prefetch_l2); everything else follows
-// the wait.
-constexpr int kPdl = 1 << 21;
-// Set by the launcher: 8-warp CTAs (MTW = 1) for this launch (gemm_launch says when).
-constexpr int kWide = 1 << 22;
 // Diagnostic: never 8-warp CTAs (diagnostic 8 forces them at every token count instead).
 constexpr int kDiagNarrow = 1 << 19;
 // Largest token count the launcher gives 8-warp CTAs to (where the grid is small; gemm_launch).
@@ -64,123 +53,12 @@ constexpr int kWideMaxTokens = 32;
 // 14.1 us, o 11.3 -> 11.0 at M = 1); the early launch itself hides the CTAs' start-up.
 constexpr int kPrefetchRecords = 0;
 
-struct KParams : GemmOperands {
-  float4* ws;
-  int* counters;
-  int M, N, KT, S, kper;
-  int64_t ldx, ldy;
-  int flags;    // GemmArgs::flags (diagnostics) | kReduceKernel | kPdl | prefetch count << 12
-  int cluster;  // 1: the S slices of a row tile form one thread-block cluster (sm_90+)
-};
-
 template <int NCH, int MTW>
 struct MinBlocks {
   // Register budget per thread: <= 128 regs (4 CTAs of 128 or 2 of 256 threads per SM) while
   // the accumulators are small; 3 CTAs/SM (<= 168 regs) once 64 tokens need 64 accumulators.
   static constexpr int value = MTW == 1 ? 2 : (NCH <= 4 ? 4 : 3);
 };
-
-// Per-row epilogue data of the rows a thread writes (index 2*mtl + h: its local m-tile and the
-// g / g+8 half of the fragment), loaded at kernel start so their (cold, HBM) latency hides
-// behind the main loop instead of adding dependent round trips after it.
-struct RowData {
-  float scale[4];
-  int e0[4], e1[4];
-  float bias[4];
-  // The row's first escape (column, true value), valid when e0 < e1, also loaded at kernel start:
-  // 27 % of 4096-wide rows of a trained-like weight hold an escape, so nearly every warp's
-  // epilogue met one, each a cold esc_col round trip plus the dependent x[col] load.
-  int ecol[4];
-  float eval[4];
-  // x[token][ecol] for the thread's two tokens at M <= 8 (one token chunk), loaded after the main
-  // loop so the L2 round trip overlaps the reduction's instead of following it.
-  float ex[2][4];
-};
-
-// Row data of the 2*MTW rows a thread writes (rows nbase + 16 (r/2) + g + 8 (r&1)).
-template <int MTW>
-__device__ __forceinline__ void load_row_data(RowData& rd, int nbase, int g, const KParams& p) {
-#pragma unroll
-  for (int r = 0; r < 2 * MTW; ++r) {
-    const int n = nbase + (r >> 1) * 16 + g + 8 * (r & 1);
-    const bool ok = n < p.N;
-    rd.scale[r] = ok ? row_scale(__ldg(p.base + n)) : 0.f;
-    rd.e0[r] = ok ? __ldg(p.esc_ptr + n) : 0;
-    rd.e1[r] = ok ? __ldg(p.esc_ptr + n + 1) : 0;
-    rd.bias[r] = (ok && p.bias) ? __ldg(p.bias + n) : 0.f;
-  }
-#pragma unroll
-  for (int r = 0; r < 2 * MTW; ++r) {
-    const bool has = rd.e0[r] < rd.e1[r];
-    rd.ecol[r] = has ? __ldg(p.esc_col + rd.e0[r]) : 0;
-    rd.eval[r] = has ? bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + rd.e0[r]))) : 0.f;
-  }
-#pragma unroll
-  for (int r = 2 * MTW; r < 4; ++r)
-    rd.scale[r] = 0.f, rd.e0[r] = rd.e1[r] = 0, rd.bias[r] = 0.f, rd.ecol[r] = 0, rd.eval[r] = 0.f;
-}
-
-// x[token][first escape column] for the two tokens 2t, 2t+1 of a one-chunk (M <= 8) fragment.
-template <int MTW>
-__device__ __forceinline__ void load_escape_x(RowData& rd, int t, const KParams& p) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int m = 2 * t + h;
-      rd.ex[h][r] = (r < 2 * MTW && rd.e0[r] < rd.e1[r] && m < p.M)
-                        ? bf16_bits_to_float(p.x[(int64_t)m * p.ldx + rd.ecol[r]])
-                        : 0.f;
-    }
-}
-
-template <typename T>
-__device__ __forceinline__ T pick4(const T (&a)[4], int r) {
-  // Selects instead of a run-time register-array index (which would move `a` to local memory).
-  return r == 0 ? a[0] : r == 1 ? a[1] : r == 2 ? a[2] : a[3];
-}
-
-// xv0: x[m][ecol], the activation the row's first escape multiplies.
-__device__ __forceinline__ float apply_escapes(float v, int r, int m, float xv0, const RowData& rd, const KParams& p) {
-  // The slot of an escape decoded as code 0 = 2^(b-127) after scaling; replace that product by
-  // the true weight's. Both products are exact in FP32 (8-bit x 8-bit mantissas); an inf/NaN
-  // weight makes the result inf/NaN exactly as multiplying by the decoded weight would.
-  const float slot = rd.scale[r] * 0x1p-15f;  // 2^(b-E0) * 2^(E0-127)
-  const uint16_t* xr = p.x + (int64_t)m * p.ldx;
-  v = __fadd_rn(v, __fmul_rn(pick4(rd.eval, r), xv0));
-  v = __fsub_rn(v, __fmul_rn(slot, xv0));
-  for (int e = pick4(rd.e0, r) + 1; e < pick4(rd.e1, r); ++e) {
-    const float xv = bf16_bits_to_float(xr[__ldg(p.esc_col + e)]);
-    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-    v = __fadd_rn(v, __fmul_rn(wv, xv));
-    v = __fsub_rn(v, __fmul_rn(slot, xv));
-  }
-  return v;
-}
-
-// Epilogue of one accumulator fragment: rows nbase + g (+8), tokens 8j + 2t (+1); rd row index
-// 2*mtl + h. Scale by 2^(b-E0), escapes, bias, round to BF16.
-template <int NCH, int MTW>
-__device__ __forceinline__ void store_fragment(const float (&v)[4], int nbase, int mtl, int j, const RowData& rd,
-                                               const KParams& p) {
-  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int h = i >> 1, r = 2 * mtl + h;
-    const int n = nbase + g + 8 * h;
-    const int m = 8 * j + 2 * t + (i & 1);
-    if (n < p.N && m < p.M) {
-      float x = v[i] * pick4(rd.scale, r);
-      if (pick4(rd.e0, r) < pick4(rd.e1, r)) {
-        const float xv0 = NCH == 1 ? ((i & 1) ? pick4(rd.ex[1], r) : pick4(rd.ex[0], r))
-                                   : bf16_bits_to_float(p.x[(int64_t)m * p.ldx + pick4(rd.ecol, r)]);
-        x = apply_escapes(x, r, m, xv0, rd, p);
-      }
-      if (p.bias) x = __fadd_rn(x, pick4(rd.bias, r));
-      p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
-    }
-  }
-}
 
 // MTW = m-tiles (16-row MMA tiles) per warp: 2 -> 4 warps per CTA, each owning 32 rows of the
 // record (the layout-1 quarter); 1 -> 8 warps, a warp pair splitting each quarter by m-tile.
@@ -454,71 +332,6 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     for (int j = 0; j < NCH; ++j) store_fragment<NCH, MTW>(acc[mt][j], nbase + 16 * mt, mt, j, rd, p);
 }
 
-// The cross-CTA reduction as its own kernel (sm_90+, every M unless diagnostic 65536 asks for the
-// cluster path above 8 tokens): one CTA per (row tile, 8-token chunk) with the GEMM CTA's thread
-// -> fragment map, launched with programmatic dependent launch behind the GEMM. Row data and (at
-// M <= 8) the escapes' activations are loaded before griddepcontrol.wait (they do not depend on
-// the GEMM); after it, the slices' partials are fetched 8 at a time and summed in slice order
-// 0..S-1, the same adds as every other path, so the bits are the same. This takes the in-kernel
-// chain (fence, ticket, 1-2 partial round trips, epilogue loads) or the cluster barriers off the
-// critical tail, and lifts the cluster's limit of 8 slices.
-template <int NCH, int MTW>
-__global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KParams p) {
-  constexpr int kT = 256 / MTW, kFrag = MTW * NCH;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int rowq = MTW == 2 ? warp : warp >> 1, mt0 = MTW == 2 ? 0 : warp & 1;
-  const int rowtile = blockIdx.x, j = blockIdx.y;  // token chunk j: tokens 8j .. 8j+7
-  const int nbase = rowtile * 128 + rowq * 32 + mt0 * 16;
-  RowData rd;
-  load_row_data<MTW>(rd, nbase, g, p);
-  if (NCH == 1) load_escape_x<MTW>(rd, t, p);  // x was complete before the GEMM started
-  pdl_wait();
-  // Only now may the next GEMM start (it prefetches its first records into L2 and waits for this
-  // grid). Triggering at kernel start launched it while this GEMM was still streaming, and its
-  // prefetched lines were evicted again before use (measured: o 13.0 -> 14.7 us at M = 1).
-  pdl_launch_dependents();
-  const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
-  constexpr int B = kMaxClusterSplits;
-  float acc[MTW][4];
-#pragma unroll 1
-  for (int s0 = 0; s0 < p.S; s0 += B) {
-    float4 v[B][MTW];
-#pragma unroll
-    for (int s = 0; s < B; ++s)
-#pragma unroll
-      for (int mt = 0; mt < MTW; ++mt)
-        if (s0 + s < p.S) v[s][mt] = __ldcg(tile + (size_t)(s0 + s) * (kFrag * kT) + (mt * NCH + j) * kT);
-#pragma unroll
-    for (int s = 0; s < B; ++s)
-#pragma unroll
-      for (int mt = 0; mt < MTW; ++mt)
-        if (s0 + s < p.S) {
-          const float vv[4] = {v[s][mt].x, v[s][mt].y, v[s][mt].z, v[s][mt].w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[mt][i] = s0 + s == 0 ? vv[i] : __fadd_rn(acc[mt][i], vv[i]);
-        }
-  }
-#pragma unroll
-  for (int mt = 0; mt < MTW; ++mt) store_fragment<NCH, MTW>(acc[mt], nbase + 16 * mt, mt, j, rd, p);
-}
-
-template <int NCH, int MTW>
-cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
-  return launch_ex(gemm_w12_reduce_kernel<NCH, MTW>, dim3(tiles, NCH), dim3(256 / MTW), 0, stream, 1, true, p);
-}
-
-// The reduce kernel runs with the GEMM's CTA shape (kWide): each thread reads the partials the
-// same-numbered GEMM thread parked.
-cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStream_t stream) {
-  const bool wide = (p.flags & kWide) != 0;
-  if (tokens <= 8) return wide ? launch_reduce<1, 1>(p, tiles, stream) : launch_reduce<1, 2>(p, tiles, stream);
-  if (tokens <= 16) return wide ? launch_reduce<2, 1>(p, tiles, stream) : launch_reduce<2, 2>(p, tiles, stream);
-  if (tokens <= 32) return wide ? launch_reduce<4, 1>(p, tiles, stream) : launch_reduce<4, 2>(p, tiles, stream);
-  if (tokens <= 64) return wide ? launch_reduce<8, 1>(p, tiles, stream) : launch_reduce<8, 2>(p, tiles, stream);
-  // 65..128 tokens in one pass: v4 only (4-warp partial map; v1 never launches more than 64).
-  return wide ? cudaErrorInvalidValue : launch_reduce<16, 2>(p, tiles, stream);
-}
-
 template <int NCH, int STAGES, int MTW>
 cudaError_t launch_one(const KParams& p, int grid, int smem_min, int dev, cudaStream_t stream) {
   const int smem = max(STAGES * (kRecordBytes + NCH * 1024), smem_min);
@@ -664,24 +477,6 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     }
   }
   return cudaSuccess;
-}
-
-cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream) {
-  KParams p{};
-  static_cast<GemmOperands&>(p) = a;
-  p.ws = static_cast<float4*>(a.workspace);
-  p.N = a.N;
-  p.KT = (a.K + 63) / 64;
-  p.S = S;
-  p.kper = (p.KT + S - 1) / S;
-  p.ldx = a.ldx;
-  p.ldy = a.ldy;
-  // v4 parks partials in the 4-warp map: no kWide here, whatever diagnostics a.flags carries.
-  p.flags = a.flags | kReduceKernel | kPdl;
-  p.x = a.x + (int64_t)m0 * a.ldx;
-  p.y = a.y + (int64_t)m0 * a.ldy;
-  p.M = tokens;
-  return launch_reduce_for(p, (a.N + 127) / 128, tokens, stream);
 }
 
 cudaError_t gemm_check_device() {

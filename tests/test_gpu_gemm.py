@@ -158,6 +158,27 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     assert torch.equal(w12.linear(x[64:].clone(), w).view(torch.int16), full[64:])
 
 
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k in ("v1", "v4")])
+def test_reduce_kernel_staged_and_plain_agree(kernel, monkeypatch):
+    # The reduce kernel stages a row tile's escapes in shared memory where its grid (row tiles x
+    # 8-token chunks) is one wave, <= 4 CTAs per SM, and reads them from global memory otherwise.
+    # Enough row tiles that 64 tokens take the plain path and 8 tokens the staged one; the dense
+    # escapes (~520 per row tile) also overflow the staged table. Same bits either way.
+    monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k = 128 * ((4 * sms) // 8 + 1), 2048
+    assert cuda_ops.splits(n, k, DEV) > 1, "the shape must be split along K"
+    gen = torch.Generator().manual_seed(21)
+    wt = _weight(n, k, gen, spread=False)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(64, k, generator=gen).to(torch.bfloat16).to(DEV)
+    full = w12.linear(x, w)
+    _assert_close(full, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+    for m in (1, 8):
+        part = w12.linear(x[:m].clone(), w).view(torch.int16)
+        assert torch.equal(part, full[:m].view(torch.int16)), f"rows at M={m} (staged) differ from M=64 (plain)"
+
+
 @pytest.mark.parametrize("m", [1, 3, 16, 31, 37, 64])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000)])
 @pytest.mark.parametrize(

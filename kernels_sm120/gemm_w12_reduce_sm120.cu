@@ -1,0 +1,215 @@
+// Split-K reduction of the W12 GEMMs on sm_90+ (v1's and v4's K slices), as its own kernel
+// launched with programmatic dependent launch behind the GEMM: one CTA per (row tile, 8-token
+// chunk) adds the slices' partials in slice order 0..S-1 (the order every path uses, so the bits
+// do not depend on which path or M) and runs the epilogue. Everything that does not depend on the
+// GEMM (row data, the escapes and the activations they multiply) is loaded before
+// griddepcontrol.wait, so after it only the partials are a memory round trip.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "gemm_w12_mma.cuh"
+#include "smxx_gemm_common.cuh"
+#include "smxx_gemm_epilogue.cuh"
+#include "smxx_launch.cuh"
+#include "smxx_pipe.cuh"
+#include "smxx_w12_decode.cuh"
+
+namespace w12 {
+namespace {
+
+// Escapes of one reduce CTA's 128 rows, staged in shared memory before griddepcontrol.wait: the
+// true value of escape e (as float) and x[8j + 0..7][col_e] for the CTA's token chunk j. After the
+// wait they are read at shared-memory latency; without staging, each escape past a row's first
+// (and at > 8 tokens the first too) is a dependent esc_col -> x[col] round trip after the wait,
+// which cost down [4096, 14336] (0.93 escapes per row) 4-10 us per reduce (session 11). Escapes
+// past kStagedEscapes are read from global memory as before (same adds, same order).
+constexpr int kStagedEscapes = 256;
+struct StagedEscapes {
+  float w[kStagedEscapes];
+  float x[kStagedEscapes][8];
+};
+
+// Stages the CTA's first min(count, kStagedEscapes) escapes, all loads independent across
+// threads, and returns the index of its first escape. x is complete before the GEMM started (the
+// GEMM triggers this grid after its own wait), so this may run before this grid's wait.
+__device__ __forceinline__ int stage_escapes(StagedEscapes& se, int rowtile, int j, int nthreads, const KParams& p) {
+  const int r0 = min(rowtile * 128, p.N), r1 = min(rowtile * 128 + 128, p.N);
+  const int eb = __ldg(p.esc_ptr + r0), n = min(__ldg(p.esc_ptr + r1) - eb, kStagedEscapes);
+  for (int e = threadIdx.x; e < n; e += nthreads) {
+    const int col = __ldg(p.esc_col + eb + e);
+    se.w[e] = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + eb + e)));
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int m = 8 * j + u;
+      se.x[e][u] = m < p.M ? bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]) : 0.f;
+    }
+  }
+  return eb;
+}
+
+// store_fragment with the escapes from the staged table (eb: the CTA's first escape): the same
+// operations in the same order as apply_escapes, so the same bits.
+template <int NCH, int MTW>
+__device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int nbase, int mtl, int j, const RowData& rd,
+                                                      const StagedEscapes& se, int eb, const KParams& p) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int h = i >> 1, r = 2 * mtl + h;
+    const int n = nbase + g + 8 * h;
+    const int tok = 2 * t + (i & 1), m = 8 * j + tok;
+    if (n < p.N && m < p.M) {
+      float x = v[i] * pick4(rd.scale, r);
+      const float slot = pick4(rd.scale, r) * 0x1p-15f;
+      for (int e = pick4(rd.e0, r); e < pick4(rd.e1, r); ++e) {
+        const int k = e - eb;
+        float xv, wv;
+        if (k < kStagedEscapes) {
+          xv = se.x[k][tok];
+          wv = se.w[k];
+        } else {
+          xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + __ldg(p.esc_col + e)]);
+          wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+        }
+        x = __fadd_rn(x, __fmul_rn(wv, xv));
+        x = __fsub_rn(x, __fmul_rn(slot, xv));
+      }
+      if (p.bias) x = __fadd_rn(x, pick4(rd.bias, r));
+      p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    }
+  }
+}
+
+// The cross-CTA reduction as its own kernel (sm_90+, every M unless diagnostic 65536 asks for the
+// cluster path above 8 tokens): one CTA per (row tile, 8-token chunk) with the GEMM CTA's thread
+// -> fragment map, launched with programmatic dependent launch behind the GEMM. Row data and the
+// escapes' activations (STAGE: all staged escapes; else each row's first escape at <= 8 tokens)
+// are loaded before griddepcontrol.wait (they do not depend on the GEMM); after it, the slices'
+// partials are fetched 8 at a time and summed in slice order 0..S-1, the same adds as every other
+// path, so the bits are the same. This takes the in-kernel chain (fence, ticket, 1-2 partial
+// round trips, epilogue loads) or the cluster barriers off the critical tail, and lifts the
+// cluster's limit of 8 slices. STAGE needs sizeof(StagedEscapes) of dynamic shared memory. B:
+// slices fetched per batch (the loads in flight per thread), the smallest of 2, 4, 8 that covers
+// S up to 8: the registers for 8 would hold an S = 2 grid (gate_up) to 4 CTAs per SM.
+template <int NCH, int MTW, bool STAGE, int B>
+__global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KParams p) {
+  constexpr int kT = 256 / MTW, kFrag = MTW * NCH;
+  extern __shared__ __align__(16) uint8_t rsmem[];
+  StagedEscapes& se = *reinterpret_cast<StagedEscapes*>(rsmem);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int rowq = MTW == 2 ? warp : warp >> 1, mt0 = MTW == 2 ? 0 : warp & 1;
+  const int rowtile = blockIdx.x, j = blockIdx.y;  // token chunk j: tokens 8j .. 8j+7
+  const int nbase = rowtile * 128 + rowq * 32 + mt0 * 16;
+  RowData rd;
+  load_row_data<MTW, !STAGE>(rd, nbase, g, p);
+  int eb = 0;
+  if constexpr (STAGE) eb = stage_escapes(se, rowtile, j, kT, p);
+  else if (NCH == 1) load_escape_x<MTW>(rd, t, p);  // x was complete before the GEMM started
+  pdl_wait();
+  // Only now may the next GEMM start (it prefetches its first records into L2 and waits for this
+  // grid). Triggering at kernel start launched it while this GEMM was still streaming, and its
+  // prefetched lines were evicted again before use (measured: o 13.0 -> 14.7 us at M = 1).
+  pdl_launch_dependents();
+  const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
+  float acc[MTW][4];
+#pragma unroll 1
+  for (int s0 = 0; s0 < p.S; s0 += B) {
+    float4 v[B][MTW];
+#pragma unroll
+    for (int s = 0; s < B; ++s)
+#pragma unroll
+      for (int mt = 0; mt < MTW; ++mt)
+        if (s0 + s < p.S) v[s][mt] = __ldcg(tile + (size_t)(s0 + s) * (kFrag * kT) + (mt * NCH + j) * kT);
+#pragma unroll
+    for (int s = 0; s < B; ++s)
+#pragma unroll
+      for (int mt = 0; mt < MTW; ++mt)
+        if (s0 + s < p.S) {
+          const float vv[4] = {v[s][mt].x, v[s][mt].y, v[s][mt].z, v[s][mt].w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[mt][i] = s0 + s == 0 ? vv[i] : __fadd_rn(acc[mt][i], vv[i]);
+        }
+  }
+  if constexpr (STAGE) {
+    __syncthreads();  // the staged escapes are complete
+#pragma unroll
+    for (int mt = 0; mt < MTW; ++mt) store_fragment_staged<NCH, MTW>(acc[mt], nbase + 16 * mt, mt, j, rd, se, eb, p);
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < MTW; ++mt) store_fragment<NCH, MTW>(acc[mt], nbase + 16 * mt, mt, j, rd, p);
+  }
+}
+
+// CTAs of `kern` (launched with `smem` bytes of dynamic shared memory) an SM holds, per device.
+template <auto kern>
+cudaError_t resident_ctas(int dev, int threads, int smem, int& n) {
+  static int cache[64] = {0};
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (cache[dev] == 0) {
+    int v = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, threads, smem);
+    if (e != cudaSuccess) return e;
+    cache[dev] = v > 0 ? v : 1;
+  }
+  n = cache[dev];
+  return cudaSuccess;
+}
+
+// Staging pays where the reduce grid is one wave: its CTAs are placed while the GEMM runs and the
+// staging hides behind it. In a grid of several waves the later CTAs are placed after the GEMM has
+// finished and the staging chain (esc_ptr -> esc_col -> x) is exposed once per wave: session 11
+// measured gate_up [28672, 4096] at 64 tokens (224 x 8 = 1792 CTAs, 4 per SM) 72.0 -> 75.5 us
+// with it, against down at 64 tokens (256 CTAs) 38.4 -> 34.3.
+template <int NCH, int MTW, int B>
+cudaError_t launch_reduce_b(const KParams& p, int tiles, cudaStream_t stream) {
+  constexpr auto staged = gemm_w12_reduce_kernel<NCH, MTW, true, B>;
+  constexpr int threads = 256 / MTW, smem = sizeof(StagedEscapes);
+  DevInfo di;
+  int dev = 0, per_sm = 0;
+  if (cudaError_t e = dev_info(di, dev); e != cudaSuccess) return e;
+  if (cudaError_t e = resident_ctas<staged>(dev, threads, smem, per_sm); e != cudaSuccess) return e;
+  if ((long)tiles * NCH <= (long)per_sm * di.sms)
+    return launch_ex(staged, dim3(tiles, NCH), dim3(threads), smem, stream, 1, true, p);
+  return launch_ex(gemm_w12_reduce_kernel<NCH, MTW, false, B>, dim3(tiles, NCH), dim3(threads), 0, stream, 1, true, p);
+}
+
+template <int NCH, int MTW>
+cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
+  if (p.S <= 2) return launch_reduce_b<NCH, MTW, 2>(p, tiles, stream);
+  if (p.S <= 4) return launch_reduce_b<NCH, MTW, 4>(p, tiles, stream);
+  return launch_reduce_b<NCH, MTW, kMaxClusterSplits>(p, tiles, stream);
+}
+
+}  // namespace
+
+// The reduce kernel runs with the GEMM's CTA shape (kWide): each thread reads the partials the
+// same-numbered GEMM thread parked.
+cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStream_t stream) {
+  const bool wide = (p.flags & kWide) != 0;
+  if (tokens <= 8) return wide ? launch_reduce<1, 1>(p, tiles, stream) : launch_reduce<1, 2>(p, tiles, stream);
+  if (tokens <= 16) return wide ? launch_reduce<2, 1>(p, tiles, stream) : launch_reduce<2, 2>(p, tiles, stream);
+  if (tokens <= 32) return wide ? launch_reduce<4, 1>(p, tiles, stream) : launch_reduce<4, 2>(p, tiles, stream);
+  if (tokens <= 64) return wide ? launch_reduce<8, 1>(p, tiles, stream) : launch_reduce<8, 2>(p, tiles, stream);
+  // 65..128 tokens in one pass: v4 only (4-warp partial map; v1 never launches more than 64).
+  return wide ? cudaErrorInvalidValue : launch_reduce<16, 2>(p, tiles, stream);
+}
+
+cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream) {
+  KParams p{};
+  static_cast<GemmOperands&>(p) = a;
+  p.ws = static_cast<float4*>(a.workspace);
+  p.N = a.N;
+  p.KT = (a.K + 63) / 64;
+  p.S = S;
+  p.kper = (p.KT + S - 1) / S;
+  p.ldx = a.ldx;
+  p.ldy = a.ldy;
+  // v4 parks partials in the 4-warp map: no kWide here, whatever diagnostics a.flags carries.
+  p.flags = a.flags | kReduceKernel | kPdl;
+  p.x = a.x + (int64_t)m0 * a.ldx;
+  p.y = a.y + (int64_t)m0 * a.ldy;
+  p.M = tokens;
+  return launch_reduce_for(p, (a.N + 127) / 128, tokens, stream);
+}
+
+}  // namespace w12
