@@ -1,0 +1,156 @@
+"""The byte floor: how fast a kernel that only reads the weights' bytes runs, launch for launch.
+
+A GEMM that streams W12 records cannot be faster than a kernel that streams the same bytes with
+the same number of CTAs and does nothing else. This benchmark times such a read kernel
+(``benchmarks/read_floor.cu``, 16-byte non-caching loads, 8 in flight per thread) on
+
+* each Llama-3.1-8B projection shape alone (W12 bytes and BF16 bytes, back to back in a CUDA
+  graph, rotated over enough copies to defeat L2), and
+* the decode-step graph set of ``bench_gemm.py --graph-set llama8b`` (32 layers' projections and
+  the LM head, M = 1), optionally with a small "reduce" kernel after each split projection,
+
+next to cuBLAS and the W12 GEMM measured in the same run, so that the W12 GEMM's time splits into
+what the bytes and launches cost and what the GEMM adds.
+
+  python benchmarks/bench_read_floor.py --ctas-per-sm 2,4,8 --json benchmarks/results/read_floor_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+from bench_gemm import LLAMA8B, copies_for, graph_set_llama8b, time_graph  # noqa: E402
+
+SPLIT = {"qkv", "o", "gate_up", "down"}  # split along K by the W12 GEMM (a reduce kernel follows)
+
+
+def load_lib() -> ctypes.CDLL:
+    src = ROOT / "benchmarks" / "read_floor.cu"
+    cache = Path(os.environ.get("W12_CACHE_DIR", Path.home() / ".cache" / "w12"))
+    cache.mkdir(parents=True, exist_ok=True)
+    so = cache / f"read_floor_{int(src.stat().st_mtime)}.so"
+    if not so.exists():
+        cmd = ["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90a,code=sm_90a"]
+        subprocess.run([*cmd, "-o", str(so), str(src)], check=True)
+    lib = ctypes.CDLL(str(so))
+    lib.rf_read.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
+    lib.rf_tail.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    return lib
+
+
+class Reader:
+    def __init__(self, lib: ctypes.CDLL, ctas: int, pdl: bool):
+        self.lib, self.ctas, self.pdl = lib, ctas, int(pdl)
+        self.sink = torch.zeros(1024, dtype=torch.int32, device="cuda")
+        self.scratch = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+        self.out = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+
+    def read(self, buf: torch.Tensor) -> None:
+        s = torch.cuda.current_stream().cuda_stream
+        e = self.lib.rf_read(buf.data_ptr(), buf.numel(), self.ctas, self.sink.data_ptr(), self.pdl, s)
+        if e != 0:
+            raise RuntimeError(f"read_floor launch failed: CUDA error {e}")
+
+    def tail(self, ctas: int) -> None:
+        s = torch.cuda.current_stream().cuda_stream
+        e = self.lib.rf_tail(self.scratch.data_ptr(), self.out.data_ptr(), ctas, self.pdl, s)
+        if e != 0:
+            raise RuntimeError(f"read_floor tail launch failed: CUDA error {e}")
+
+
+def w12_bytes(n: int, k: int) -> int:
+    return ((n + 127) // 128) * ((k + 63) // 64) * 12288
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ctas-per-sm", default="2,4,8", help="read-kernel CTAs per SM to try (256 threads each)")
+    p.add_argument("--reps", type=int, default=30, help="timed graph replays (median taken)")
+    p.add_argument("--pdl", action="store_true", help="also launch the read kernels with PDL")
+    p.add_argument("--no-gemm", action="store_true", help="skip the same-run cuBLAS / W12 GEMM graph set")
+    p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "read_floor_h200.json"))
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: bench_read_floor needs a CUDA GPU", file=sys.stderr)
+        return 2
+    lib = load_lib()
+    props = torch.cuda.get_device_properties(0)
+    sms, l2 = props.multi_processor_count, props.L2_cache_size
+    cps = [int(v) for v in a.ctas_per_sm.split(",") if v]
+    pdls = [False, True] if a.pdl else [False]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    res: dict = {"gpu": props.name, "sms": sms, "shapes": [], "graph_set": []}
+    print(f"# {props.name}, {sms} SMs, L2 {l2 >> 20} MB")
+
+    # Per shape, back to back, rotated copies (as bench_gemm times each shape).
+    for name, (n, k) in LLAMA8B.items():
+        for kind, nbytes in (("w12", w12_bytes(n, k)), ("bf16", n * k * 2)):
+            bufs = [torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(copies_for(nbytes, l2))]
+            for c in cps:
+                for pdl in pdls:
+                    r = Reader(lib, c * sms, pdl)
+                    t, _, _ = time_graph([lambda b=b, r=r: r.read(b) for b in bufs], a.reps)
+                    row = {"shape": name, "bytes": kind, "ctas_per_sm": c, "pdl": pdl, "us": round(t, 2)}
+                    row["tbps"] = round(nbytes / t / 1e6, 3)
+                    res["shapes"].append(row)
+                    print(f"{name:>8} {kind:>5} c{c} pdl{int(pdl)} {t:8.2f} us {row['tbps']:6.2f} TB/s")
+            del bufs
+    torch.cuda.empty_cache()
+
+    # The decode-step set: distinct buffers per layer, W12 bytes, with and without reduce stand-ins.
+    names = ["qkv", "o", "gate_up", "down"] * 32 + ["lm_head"]
+    bufs = [torch.empty(w12_bytes(*LLAMA8B[nm]), dtype=torch.uint8, device="cuda") for nm in names]
+    for c in cps:
+        for pdl in pdls:
+            for tails in (False, True):
+                r = Reader(lib, c * sms, pdl)
+
+                def step(b, nm, r=r, tails=tails):
+                    r.read(b)
+                    if tails and nm in SPLIT:
+                        r.tail((LLAMA8B[nm][0] + 127) // 128)
+
+                t, _, _ = time_graph([lambda b=b, nm=nm: step(b, nm) for b, nm in zip(bufs, names)], a.reps, 1)
+                ms = t * len(names) / 1000.0
+                row = {"ctas_per_sm": c, "pdl": pdl, "reduce_standins": tails, "ms": round(ms, 4)}
+                res["graph_set"].append(row)
+                print(f"graph set, W12 bytes: c{c} pdl{int(pdl)} tails{int(tails)} {ms:.3f} ms")
+    del bufs
+    torch.cuda.empty_cache()
+    if not a.no_gemm:
+        gs = graph_set_llama8b(gen, max(5, a.reps // 3), [(2, 0, 0, "auto")])
+        res["gemm_graph_set"] = gs
+        print(f"graph set: cuBLAS {gs['ms_cublas']:.3f} ms, W12 GEMM {gs['ms_w12']:.3f} ms")
+        for row in res["graph_set"]:
+            row["floor_over_cublas"] = round(row["ms"] / gs["ms_cublas"], 4)
+            print(
+                f"  read floor c{row['ctas_per_sm']} pdl{int(row['pdl'])} tails{int(row['reduce_standins'])}: "
+                f"{row['ms']:.3f} ms = {row['floor_over_cublas']:.3f} of cuBLAS"
+            )
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
