@@ -7,12 +7,13 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 10 (docs/perf-notes.md,
-// gemm_h200_s10_final.json): Llama geomean 1.21 / 1.08 / 1.02 / 0.87 / 0.65 of cuBLAS at 1 / 16 /
-// 32 / 64 / 128 tokens (v1 in the same call 1.20 / 1.10 / 1.01 / 0.80 / -); decode-step graph
-// set 0.84 (v1 0.84). 65..128 tokens run in one pass (NCH = 16) instead of two 64-token passes
-// (0.46 -> 0.65 at 128). Its bits differ from v1's (about 2-4e-4 of the outputs: wgmma and
-// mma.sync round the k16 products differently), so `auto` takes it for every M or for none.
+// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 11 (docs/perf-notes.md,
+// gemm_h200_s11_final.json): Llama geomean 1.22 / 1.13 / 1.08 / 0.91 / 0.68 of cuBLAS at 1 / 16 /
+// 32 / 64 / 128 tokens (v1 in the same call 1.21 / 1.14 / 1.03 / 0.84 / -); decode-step graph
+// set 0.80 (v1 0.81), after the reduce kernel's escapes moved before its wait (session 10: 1.21
+// / 1.08 / 1.02 / 0.87 / 0.65, graph set 0.84). Its bits differ from v1's (about 2-4e-4 of the
+// outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every
+// M or for none.
 //
 // - Records in layout 2 (w12/layouts.py: layout 1's slots and decode, MMA k in column order):
 //   m-tile mt of quarter q (rows 32q + 16mt + 0..15) is the 16-row slice that warp q of a
