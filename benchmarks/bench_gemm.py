@@ -195,6 +195,15 @@ def set_variant(var) -> None:
     os.environ["W12_GEMM_DIAG"], os.environ["W12_GEMM_KERNEL"] = str(var[2]), var[3]
 
 
+def graph_set_inputs(gen, layers: int = 32, layer=("qkv", "o", "gate_up", "down"), head=True):
+    """Shapes of the decode-step graph set, one M = 1 activation per K, trained-like BF16 weights."""
+    dev = torch.device("cuda")
+    shapes = [LLAMA8B[p] for p in layer] * layers + ([LLAMA8B["lm_head"]] if head else [])
+    xs = {k: torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16) for k in {s[1] for s in shapes}}
+    wb = [(torch.randn(n, k, device=dev, generator=gen) * 0.02).to(torch.bfloat16) for n, k in shapes]
+    return shapes, xs, wb
+
+
 def graph_set_llama8b(gen, reps: int, variants, layers: int = 32, layer=("qkv", "o", "gate_up", "down"), head=True):
     """One graph: all projections of ``layers`` Llama-3.1-8B layers + LM head at M=1.
 
@@ -206,9 +215,7 @@ def graph_set_llama8b(gen, reps: int, variants, layers: int = 32, layer=("qkv", 
     ``ms_w12`` / ``ratio_w12_over_cublas`` are the first variant's; ``w12`` has them all.
     """
     dev = torch.device("cuda")
-    shapes = [LLAMA8B[p] for p in layer] * layers + ([LLAMA8B["lm_head"]] if head else [])
-    xs = {k: torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16) for k in {s[1] for s in shapes}}
-    wb = [(torch.randn(n, k, device=dev, generator=gen) * 0.02).to(torch.bfloat16) for n, k in shapes]
+    shapes, xs, wb = graph_set_inputs(gen, layers, layer, head)
     t, _, _ = time_graph([lambda w=w: F.linear(xs[w.shape[1]], w) for w in wb], reps, launches_min=1)
     out = {"ms_cublas": round(t * len(shapes) / 1000.0, 4), "w12": {}}
     del wb

@@ -17,7 +17,7 @@ import csv
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from bench_gemm import LLAMA8B, in_kernel_layout, random_w12
+from bench_gemm import graph_set_inputs, in_kernel_layout, random_w12
 from nsys_gaps import main as gaps_main
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -45,9 +45,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("graph_timeline.py needs a CUDA GPU")
     dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(0)
-    shapes = [LLAMA8B[p] for p in ("qkv", "o", "gate_up", "down")] * 32 + [LLAMA8B["lm_head"]]
-    xs = {k: torch.randn(1, k, device=dev, generator=gen).to(torch.bfloat16) for k in {s[1] for s in shapes}}
-    wb = [(torch.randn(n, k, device=dev, generator=gen) * 0.02).to(torch.bfloat16) for n, k in shapes]
+    shapes, xs, wb = graph_set_inputs(gen)
     graphs = [capture(lambda: [F.linear(xs[w.shape[1]], w) for w in wb])]
     wv = [in_kernel_layout(random_w12(n, k, dev, gen)) for n, k in shapes]
     graphs.append(capture(lambda: [w12.linear(xs[w.K], w) for w in wv]))

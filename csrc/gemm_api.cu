@@ -42,7 +42,7 @@ int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, 
   if (kernel == 3) return 0;
   if (kernel == 2) return static_cast<int64_t>(w12::gemm_sk_workspace_bytes(m, target_ctas));
   // v4 parks v1-ordered partials for v1's reduce kernel, up to 128 tokens per launch (v1: 64).
-  const int max_tokens = kernel == 4 ? w12::kWgmmaMaxTokens : 64;
+  const int max_tokens = kernel == 4 ? w12::kWgmmaMaxTokens : w12::kMmaMaxTokens;
   return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas, sms, max_tokens));
 }
 

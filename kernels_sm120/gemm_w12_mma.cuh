@@ -65,11 +65,13 @@ inline cudaError_t gemm_check_args(const GemmArgs& a) {
 // Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so
 // every output element is summed in the same order whatever M is.
 // max_splits: a further cap below the rule's own (16 for few-tile weights, else 8), for kernels
-// that need one (v4 reduces in a portable cluster: 8).
+// that need one (none since v4 moved to the reduce kernel).
 int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits = 16);
+// Token rows per launch of v1 (longer M runs in 64-token passes); v4's is kWgmmaMaxTokens.
+constexpr int kMmaMaxTokens = 64;
 // max_tokens: the most token rows one launch takes (v1 64, v4 128); the workspace holds one
 // launch's partials (longer M runs in passes that reuse it, in stream order).
-size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int max_tokens = 64);
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int max_tokens = kMmaMaxTokens);
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream);
 // v2, persistent stream-K (gemm_w12_streamk_sm120.cu). The grid (target_ctas CTAs) fixes the
 // record ranges and so the summation order; M never does. workspace: gemm_sk_workspace_bytes();

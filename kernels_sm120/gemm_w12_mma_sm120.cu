@@ -37,7 +37,7 @@ namespace w12 {
 namespace {
 
 constexpr int kRecordBytes = 12288;
-constexpr int kMaxTokens = 64;  // per launch; longer M is cut into 64-token chunks
+constexpr int kMaxTokens = kMmaMaxTokens;  // per launch; longer M is cut into 64-token chunks
 // K slices: at most 8 where 8 already give ~target CTAs; up to 16 for weights with so few 128-row
 // tiles that 8 slices would leave most SMs idle (k/v projections [1024, 4096]: 8 tiles x 8 = 64
 // CTAs; 16 slices measured -2 us at M = 1, docs/perf-notes.md session 5). Possible at every M

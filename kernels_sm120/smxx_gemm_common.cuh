@@ -64,7 +64,7 @@ __device__ __forceinline__ void mma_record(float (&acc)[MT][NCH][4], const uint3
 }
 
 struct DevInfo {
-  int sms = 0, smem_sm = 0, smem_optin = 0, major = 0;
+  int sms = 0, smem_sm = 0, smem_optin = 0, major = 0, minor = 0;
 };
 
 // Properties of the current device (cached per device index, which is returned in `dev`).
@@ -83,6 +83,7 @@ inline cudaError_t dev_info(DevInfo& d, int& dev) {
   if ((e = cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess)
     return e;
   if ((e = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess) return e;
+  if ((e = cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev)) != cudaSuccess) return e;
   cache[dev] = d;
   return cudaSuccess;
 }

@@ -451,14 +451,11 @@ __global__ void __launch_bounds__(kThreads) wgmma_selftest_kernel(const uint16_t
 
 }  // namespace
 
-// cudaSuccess on an sm_90 device (the only one with wgmma), else the reason.
-static cudaError_t require_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (e != cudaSuccess) return e;
-  return (major == 9 && minor == 0) ? cudaSuccess : cudaErrorNoKernelImageForDevice;
+// cudaSuccess on an sm_90 device (the only one with wgmma), else the reason; `dev` and `di`: the
+// current device and its cached properties (no driver query per launch after the first).
+static cudaError_t require_sm90(DevInfo& di, int& dev) {
+  if (cudaError_t e = dev_info(di, dev); e != cudaSuccess) return e;
+  return (di.major == 9 && di.minor == 0) ? cudaSuccess : cudaErrorNoKernelImageForDevice;
 }
 
 // cudaSuccess when this library holds real sm_90a code for the kernels here. A library whose only
@@ -480,16 +477,16 @@ static cudaError_t require_sm90a_image(int dev) {
 }
 
 cudaError_t wgmma_image_check() {
-  if (cudaError_t e = require_sm90(); e != cudaSuccess) return e;
+  DevInfo di;
   int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (cudaError_t e = require_sm90(di, dev); e != cudaSuccess) return e;
   return require_sm90a_image(dev);
 }
 
 cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D, cudaStream_t stream) {
-  if (cudaError_t e = require_sm90(); e != cudaSuccess) return e;
+  DevInfo di;
   int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (cudaError_t e = require_sm90(di, dev); e != cudaSuccess) return e;
   if (cudaError_t e = require_sm90a_image(dev); e != cudaSuccess) return e;
   wgmma_selftest_kernel<<<1, kThreads, 0, stream>>>(A, B, D);
   return cudaGetLastError();
@@ -499,16 +496,15 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   if (cudaError_t e0 = gemm_check_args(a); e0 != cudaSuccess) return e0;
   if (a.M == 0) return cudaSuccess;
   const int nt = (a.N + 127) / 128, kt = (a.K + 63) / 64;
-  cudaError_t e = require_sm90();  // wgmma is sm_90a only
+  DevInfo di;
+  int dev = 0;
+  cudaError_t e = require_sm90(di, dev);  // wgmma is sm_90a only
   if (e != cudaSuccess) return e;
+  if ((e = require_sm90a_image(dev)) != cudaSuccess) return e;
   WParams p{};
   static_cast<GemmOperands&>(p) = a;
   p.N = a.N;
   p.KT = kt;
-  DevInfo di;
-  int dev = 0;
-  if ((e = dev_info(di, dev)) != cudaSuccess) return e;
-  if ((e = require_sm90a_image(dev)) != cudaSuccess) return e;
   // v1's rule (a function of N, K and the SM count) and v1's cap.
   p.S = gemm_splits(a.N, a.K, a.target_ctas, di.sms);
   p.ws = static_cast<float4*>(a.workspace);
