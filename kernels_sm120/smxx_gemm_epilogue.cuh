@@ -11,6 +11,8 @@
 
 namespace w12 {
 
+// Slices one thread-block cluster sums (v1's cluster path), and the reduce kernel's largest batch
+// of slices loaded at once.
 constexpr int kMaxClusterSplits = 8;
 // KParams::flags bit set by the launcher (above the diagnostic bits): the slices only store their
 // partials and gemm_w12_reduce_kernel, launched behind the GEMM with PDL, sums them. A flag rather
@@ -23,6 +25,7 @@ constexpr int kReduceKernel = 1 << 20;
 constexpr int kPdl = 1 << 21;
 // Set by the launcher: 8-warp CTAs (MTW = 1) for this launch (gemm_launch says when).
 constexpr int kWide = 1 << 22;
+
 struct KParams : GemmOperands {
   float4* ws;
   int* counters;
