@@ -21,6 +21,7 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,16 @@ def load_lib() -> ctypes.CDLL:
     cache.mkdir(parents=True, exist_ok=True)
     so = cache / f"read_floor_{int(src.stat().st_mtime)}.so"
     if not so.exists():
-        cmd = ["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90a,code=sm_90a"]
-        subprocess.run([*cmd, "-o", str(so), str(src)], check=True)
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            raise SystemExit(f"error: bench_read_floor needs nvcc on PATH to compile {src}")
+        tmp = so.with_suffix(f".{os.getpid()}.tmp")  # renamed only once complete
+        cmd = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", "-gencode", "arch=compute_90a,code=sm_90a"]
+        r = subprocess.run([*cmd, "-o", str(tmp), str(src)], capture_output=True, text=True)
+        if r.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise SystemExit(f"error: nvcc failed on {src}:\n{r.stderr}")
+        os.replace(tmp, so)
     lib = ctypes.CDLL(str(so))
     lib.rf_read.argtypes = [
         ctypes.c_void_p,
