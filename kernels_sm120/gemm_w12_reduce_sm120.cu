@@ -100,6 +100,9 @@ __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KPa
   const int rowq = MTW == 2 ? warp : warp >> 1, mt0 = MTW == 2 ? 0 : warp & 1;
   const int rowtile = blockIdx.x, j = blockIdx.y;  // token chunk j: tokens 8j .. 8j+7
   const int nbase = rowtile * 128 + rowq * 32 + mt0 * 16;
+  // Lanes whose two tokens are both past M skip their partials: at M <= 4 that is every other
+  // 32-byte sector of the tile (their outputs are never written).
+  const bool live = 8 * j + 2 * t < p.M;
   RowData rd;
   load_row_data<MTW, !STAGE>(rd, nbase, g, p);
   int eb = 0;
@@ -119,7 +122,8 @@ __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KPa
     for (int s = 0; s < B; ++s)
 #pragma unroll
       for (int mt = 0; mt < MTW; ++mt)
-        if (s0 + s < p.S) v[s][mt] = __ldcg(tile + (size_t)(s0 + s) * (kFrag * kT) + (mt * NCH + j) * kT);
+        v[s][mt] = (live && s0 + s < p.S) ? __ldcg(tile + (size_t)(s0 + s) * (kFrag * kT) + (mt * NCH + j) * kT)
+                                          : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < B; ++s)
 #pragma unroll

@@ -313,7 +313,7 @@ def _v1_splits(n, k, target, sms):
         kper = -(-kt // s)
         return -(-kt // kper)
 
-    s_min = min(max(-(-9 * target // (10 * nt)), 1), smax)
+    s_min = min(max(-(-8 * target // (10 * nt)), 1), smax)
     costs = {}
     for s in range(s_min, smax + 1):
         se = no_empty(s)
