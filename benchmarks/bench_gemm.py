@@ -174,7 +174,7 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check):
                     "speedup": round(t_cb / t, 4),
                     "tbps_w12": round(w12_bytes / t / 1e6, 3),
                     "tbps_cublas": round(bf_bytes / t_cb / 1e6, 3),
-                    "splits": cuda_ops.splits(n, k),
+                    "splits": cuda_ops.splits(n, k),  # of the kernel that ran
                     "kernel_used": cuda_ops.kernel_version(n, k),
                 }
             )

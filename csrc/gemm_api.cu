@@ -16,8 +16,9 @@
 extern "C" {
 
 // Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
-// 5: v4 reads layout 2 (w12_gemm_kernel_layout). 6: w12_gemm_v4_ready.
-int w12_gemm_abi_version(void) { return 6; }
+// 5: v4 reads layout 2 (w12_gemm_kernel_layout). 6: w12_gemm_v4_ready. 7: w12_gemm_splits takes
+// the kernel.
+int w12_gemm_abi_version(void) { return 7; }
 
 // 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
 // sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
@@ -30,9 +31,11 @@ int w12_gemm_record_layout(void) { return 1; }
 // column order, so its records put MMA k in column order too (layout 2, w12/layouts.py).
 int w12_gemm_kernel_layout(int kernel) { return kernel == 4 ? 2 : 1; }
 
-// Number of K slices the kernel uses for an (N, K) weight (a function of N, K, target_ctas and the
-// device's SM count only).
-int w12_gemm_splits(int n, int k, int target_ctas, int sms) { return w12::gemm_splits(n, k, target_ctas, sms); }
+// Number of K slices kernel 1 (v1) or 4 (v4) uses for an (N, K) weight (a function of N, K,
+// target_ctas, the device's SM count and the kernel only); 0 for any other kernel.
+int w12_gemm_splits(int n, int k, int target_ctas, int sms, int kernel) {
+  return (kernel == 1 || kernel == 4) ? w12::gemm_splits(n, k, target_ctas, sms, kernel) : 0;
+}
 
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).
 // kernel: 1 = v1 (fixed K-split, gemm_w12_mma_sm120.cu), 2 = v2 (stream-K, gemm_w12_streamk_sm120.cu),
@@ -42,8 +45,7 @@ int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, 
   if (kernel == 3) return 0;
   if (kernel == 2) return static_cast<int64_t>(w12::gemm_sk_workspace_bytes(m, target_ctas));
   // v4 parks v1-ordered partials for v1's reduce kernel, up to 128 tokens per launch (v1: 64).
-  const int max_tokens = kernel == 4 ? w12::kWgmmaMaxTokens : w12::kMmaMaxTokens;
-  return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas, sms, max_tokens));
+  return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas, sms, kernel == 4 ? 4 : 1));
 }
 
 // Ints of zeroed counter/flag memory a call needs (zero on entry, left zero on exit).

@@ -62,16 +62,15 @@ inline cudaError_t gemm_check_args(const GemmArgs& a) {
   return cudaSuccess;
 }
 
-// Number of K slices for an (N, K) weight: depends on N, K and target_ctas only, never on M, so
-// every output element is summed in the same order whatever M is.
-// max_splits: a further cap below the rule's own (16 for few-tile weights, else 8), for kernels
-// that need one (none since v4 moved to the reduce kernel).
-int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits = 16);
+// Number of K slices kernel `kernel` (1 = v1, 4 = v4) uses for an (N, K) weight: depends on N,
+// K, target_ctas, the SM count and the kernel only, never on M, so every output element is summed
+// in the same order whatever M is. At most 16 slices for few-tile weights, else 8.
+int gemm_splits(int N, int K, int target_ctas, int sms, int kernel);
 // Token rows per launch of v1 (longer M runs in 64-token passes); v4's is kWgmmaMaxTokens.
 constexpr int kMmaMaxTokens = 64;
-// max_tokens: the most token rows one launch takes (v1 64, v4 128); the workspace holds one
-// launch's partials (longer M runs in passes that reuse it, in stream order).
-size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int max_tokens = kMmaMaxTokens);
+// Partial-sum bytes of one launch of kernel 1 (v1, up to kMmaMaxTokens token rows) or 4 (v4, up to
+// kWgmmaMaxTokens); longer M runs in passes that reuse them, in stream order.
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int kernel);
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream);
 // v2, persistent stream-K (gemm_w12_streamk_sm120.cu). The grid (target_ctas CTAs) fixes the
 // record ranges and so the summation order; M never does. workspace: gemm_sk_workspace_bytes();
@@ -89,9 +88,9 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream);
 // dependents (griddepcontrol.launch_dependents) or simply finish.
 cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream);
 
-// v4, Hopper wgmma (kernels_sm90/gemm_w12_wgmma_sm90.cu, sm_90a only): v1's K slices (v1's rule
-// and cap), summed by v1's reduce kernel; up to kWgmmaMaxTokens token rows per launch; workspace
-// gemm_workspace_bytes(..., kWgmmaMaxTokens), no counters.
+// v4, Hopper wgmma (kernels_sm90/gemm_w12_wgmma_sm90.cu, sm_90a only): K slices by v1's rule
+// with v4's fill (gemm_splits(..., 4)), summed by v1's reduce kernel; up to kWgmmaMaxTokens
+// token rows per launch; workspace gemm_workspace_bytes(..., 4), no counters.
 constexpr int kWgmmaMaxTokens = 128;
 // cudaErrorNoKernelImageForDevice off sm_90.
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);

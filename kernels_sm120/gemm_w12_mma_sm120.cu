@@ -13,9 +13,9 @@
 //   issue-bound per warp, so its instruction count is a measured cost (docs/perf-notes.md,
 //   session 6; benchmarks/sass_report.py shows it without a GPU).
 //   Row data for the epilogue (base, escape ranges, bias) is loaded before the main loop.
-// - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs, SMs) only. Partial
-//   sums are added in slice order by one of three paths with identical bits: on sm_90+ the
-//   slices store partials for a PDL-launched reduce kernel (or, diagnostic 65536, reduce through
+// - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs, SMs, kernel)
+//   only. Partial sums are added in slice order by one of three paths with identical bits: on
+//   sm_90+ the slices store partials for a PDL-launched reduce kernel (or, diagnostic 65536, reduce through
 //   a cluster's shared memory above 8 tokens); elsewhere the last CTA of a row tile to arrive
 //   (atomic ticket) adds them. Every output element is therefore summed in one fixed order that does
 //   not depend on M or on which CTA finishes last: results are deterministic and row i of y has
@@ -356,24 +356,25 @@ int nchunks_for(int tokens) { return tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens
 
 }  // namespace
 
-int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits) {
+int gemm_splits(int N, int K, int target_ctas, int sms, int kernel) {
   const int nt = (N + 127) / 128, kt = (K + 63) / 64;
   if (target_ctas < 1) target_ctas = 1;
   if (sms < 1) sms = 1;
   // At most 8 slices, 16 for few-tile weights (kMaxSplits above); this also bounds the
   // partial-sum traffic at M = 64.
   int smax = 10L * nt * kMaxClusterSplits < 9L * target_ctas ? kMaxSplits : kMaxClusterSplits;
-  smax = smax < max_splits ? smax : max_splits;
   smax = kt < smax ? kt : smax;
   auto clamp = [&](int s) { return s < 1 ? 1 : (s > smax ? smax : s); };
   auto no_empty = [&](int s) {
     const int kper = (kt + s - 1) / s;
     return (kt + kper - 1) / kper;
   };
-  // Enough CTAs for ~target_ctas (the warps that keep records in flight on every SM): at least
-  // 8/10 of it. Session 12: 8/10 (was 9/10) leaves gate_up [28672, 4096] (224 tiles at 264)
-  // unsplit, a single wave with no reduce kernel, at the same busiest-SM cost as S = 2.
-  const int s_min = clamp((8 * target_ctas + 10 * nt - 1) / (10 * nt));
+  // Enough CTAs for ~target_ctas (the warps that keep records in flight on every SM): 9/10 of it
+  // for v1, 8/10 for v4. Session 12: at 8/10 gate_up [28672, 4096] (224 tiles at 264) runs
+  // unsplit, a single wave without the reduce kernel, at the busiest-SM cost of S = 2 below; v4
+  // gained there (M = 1 48.1 -> 46.5 us, graph set 0.816 -> 0.804) and v1 lost (47.7 -> 51.8).
+  const int fill = kernel == 4 ? 8 : 9;
+  const int s_min = clamp((fill * target_ctas + 10 * nt - 1) / (10 * nt));
   // ...then the slice count whose busiest SM streams the fewest records: a single wave of G =
   // nt * S CTAs puts ceil(G / SMs) of them on some SM, each ceil(KT / S) records long (qkv
   // [6144, 4096]: S = 6 gives 288 CTAs, 3 on 24 SMs, 33 records; S = 8 gives 24 -> measured
@@ -397,8 +398,9 @@ int gemm_splits(int N, int K, int target_ctas, int sms, int max_splits) {
   return no_empty(best);
 }
 
-size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int max_tokens) {
-  const int s = gemm_splits(N, K, target_ctas, sms, kMaxSplits);
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int kernel) {
+  const int s = gemm_splits(N, K, target_ctas, sms, kernel);
+  const int max_tokens = kernel == 4 ? kWgmmaMaxTokens : kMmaMaxTokens;
   if (s <= 1 || M <= 0) return 0;
   const int tokens = M < max_tokens ? M : max_tokens;
   const size_t nt = (N + 127) / 128;
@@ -413,7 +415,7 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
   int dev = 0;
   if (cudaError_t qerr = dev_info(di, dev); qerr != cudaSuccess) return qerr;
   const int major = di.major;
-  const int s = gemm_splits(a.N, a.K, a.target_ctas, di.sms, kMaxSplits);
+  const int s = gemm_splits(a.N, a.K, a.target_ctas, di.sms, 1);
   const int kper = (kt + s - 1) / s;
   if (s > 1 && (a.workspace == nullptr || a.counters == nullptr)) return cudaErrorInvalidValue;  // sm_80 path
   // Cluster reduction where the GPU has clusters (sm_90+); the global ticket path elsewhere.

@@ -7,11 +7,12 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 11 (docs/perf-notes.md,
-// gemm_h200_s11_final.json): Llama geomean 1.22 / 1.13 / 1.08 / 0.91 / 0.68 of cuBLAS at 1 / 16 /
+// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 12 (docs/perf-notes.md,
+// gemm_h200_s12_final.json): Llama geomean 1.23 / 1.15 / 1.10 / 0.92 / 0.68 of cuBLAS at 1 / 16 /
 // 32 / 64 / 128 tokens (v1 in the same call 1.21 / 1.14 / 1.03 / 0.84 / -); decode-step graph
-// set 0.80 (v1 0.81), after the reduce kernel's escapes moved before its wait (session 10: 1.21
-// / 1.08 / 1.02 / 0.87 / 0.65, graph set 0.84). Its bits differ from v1's (about 2-4e-4 of the
+// set 0.81 (v1 0.83; same-call A/B of session 12's unsplit gate_up 0.816 -> 0.804). Session 11
+// moved the reduce kernel's escapes before its wait (session 10: 1.21 / 1.08 / 1.02 / 0.87 /
+// 0.65, graph set 0.84). Its bits differ from v1's (about 2-4e-4 of the
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every
 // M or for none.
 //
@@ -25,7 +26,8 @@
 //   shared-memory wavefronts in its copies).
 //   Session 7 moved v4 from layout 1, whose column permutation made every 16-byte core-matrix row
 //   a gather of four 4-byte pairs (ncu at 64 tokens: L1/TEX 79 % busy).
-// - K-split like v1: gemm_splits() slices (a function of N, K and the SM count, never of M); the
+// - K-split like v1: gemm_splits() slices (a function of N, K and the SM count, never of M; v4
+//   leaves a few more weights unsplit than v1, see there); the
 //   slices park partials that v1's PDL reduce kernel adds in slice order, so the bits are the
 //   same for every M.
 // - Each thread streams its own fragment bytes of every record (v1's per-thread cp.async ring,
@@ -505,8 +507,8 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   static_cast<GemmOperands&>(p) = a;
   p.N = a.N;
   p.KT = kt;
-  // v1's rule (a function of N, K and the SM count) and v1's cap.
-  p.S = gemm_splits(a.N, a.K, a.target_ctas, di.sms);
+  // v1's rule (a function of N, K and the SM count) and v1's cap, with v4's fill (gemm_splits).
+  p.S = gemm_splits(a.N, a.K, a.target_ctas, di.sms, 4);
   p.ws = static_cast<float4*>(a.workspace);
   if (p.S > 1 && p.ws == nullptr) return cudaErrorInvalidValue;
   p.kper = (kt + p.S - 1) / p.S;

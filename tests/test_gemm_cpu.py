@@ -276,12 +276,16 @@ def test_cuda_sources_compile(tmp_path):
     # The split is a function of (N, K, target CTAs) only, covers K without empty slices.
     shapes = [(4096, 4096), (28672, 4096), (4096, 14336), (100, 70), (6144, 4096), (128256, 4096), (10240, 5120)]
     for n, k in shapes + [(51200, 5120), (5120, 25600), (384, 1000), (8448, 1000), (130, 70), (256, 14336)]:
-        s = so.w12_gemm_splits(n, k, 264, 132)
-        assert s == _v1_splits(n, k, 264, 132), (n, k)
-        kt = -(-k // 64)
-        assert 1 <= s <= kt
-        kper = -(-kt // s)
-        assert (s - 1) * kper < kt
+        for kernel in (1, 4):
+            s = so.w12_gemm_splits(n, k, 264, 132, kernel)
+            assert s == _splits(n, k, 264, 132, kernel), (n, k, kernel)
+            kt = -(-k // 64)
+            assert 1 <= s <= kt
+            kper = -(-kt // s)
+            assert (s - 1) * kper < kt
+    # v4's lower fill leaves a 224-tile weight at 264 target CTAs unsplit; v1 cuts it in two.
+    assert [so.w12_gemm_splits(28672, 4096, 264, 132, kernel) for kernel in (1, 4)] == [2, 1]
+    assert so.w12_gemm_splits(4096, 4096, 264, 132, 2) == 0  # v2 and v3 have no such split
 
 
 def test_build_embeds_no_ptx_and_keeps_wgmma_off_other_targets():
@@ -303,9 +307,10 @@ def test_build_embeds_no_ptx_and_keeps_wgmma_off_other_targets():
             assert flags and all(f.split(",code=")[1].startswith("sm_") for f in flags), (src_dir, archs, flags)
 
 
-def _v1_splits(n, k, target, sms):
+def _splits(n, k, target, sms, kernel=1):
     # The split rule of kernels_sm120/gemm_w12_mma_sm120.cu (gemm_splits), restated: enough CTAs
-    # for ~target, then the S whose busiest SM streams the fewest records (one resident wave).
+    # for ~target (9/10 of it for v1, 8/10 for v4), then the S whose busiest SM streams the fewest
+    # records (one resident wave).
     nt, kt = -(-n // 128), -(-k // 64)
     smax = min(kt, 16 if 10 * nt * 8 < 9 * target else 8)
 
@@ -313,7 +318,8 @@ def _v1_splits(n, k, target, sms):
         kper = -(-kt // s)
         return -(-kt // kper)
 
-    s_min = min(max(-(-8 * target // (10 * nt)), 1), smax)
+    fill = 8 if kernel == 4 else 9
+    s_min = min(max(-(-fill * target // (10 * nt)), 1), smax)
     costs = {}
     for s in range(s_min, smax + 1):
         se = no_empty(s)
@@ -339,9 +345,9 @@ def test_auto_kernel_rule_is_shape_only():
         (5120, 25600): 1,  # v1's balanced split (S = 6, 240 CTAs) leaves no imbalance for v2 to fix
     }
     for (n, k), kern in want.items():
-        assert choose_kernel(n, k, 132, 2, _v1_splits(n, k, 264, 132)) == kern, (n, k)
+        assert choose_kernel(n, k, 132, 2, _splits(n, k, 264, 132)) == kern, (n, k)
     # Tiny weights never take the persistent kernel.
-    assert choose_kernel(128, 64, 132, 2, _v1_splits(128, 64, 264, 132)) == 1
+    assert choose_kernel(128, 64, 132, 2, _splits(128, 64, 264, 132)) == 1
 
 
 def test_wgmma_activation_tile_follows_layout1_k_order():
@@ -383,7 +389,7 @@ def test_wgmma_activation_tile_follows_layout1_k_order():
 def test_pdl_rule(monkeypatch):
     # auto: v3 always; v1 and v4 only at <= 16 tokens with >= 4 K slices (timing only, never the bits).
     slices = {(4096, 4096): 8, (28672, 4096): 2}
-    monkeypatch.setattr(cuda_ops, "splits", lambda n, k, device="cuda": slices[(n, k)])
+    monkeypatch.setattr(cuda_ops, "splits", lambda n, k, device="cuda", kernel=None: slices[(n, k)])
     monkeypatch.delenv("W12_GEMM_PDL", raising=False)
     assert cuda_ops._pdl(1, 4096, 4096, 1, "cuda") and cuda_ops._pdl(1, 4096, 4096, 16, "cuda")
     assert not cuda_ops._pdl(1, 4096, 4096, 17, "cuda")

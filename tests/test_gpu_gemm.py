@@ -167,7 +167,7 @@ def test_reduce_kernel_staged_and_plain_agree(kernel, monkeypatch):
     monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n, k = 128 * ((4 * sms) // 8 + 1), 2048
-    assert cuda_ops.splits(n, k, DEV) > 1, "the shape must be split along K"
+    assert cuda_ops.splits(n, k, DEV, int(kernel[1])) > 1, "the shape must be split along K"
     gen = torch.Generator().manual_seed(21)
     wt = _weight(n, k, gen, spread=False)
     w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))

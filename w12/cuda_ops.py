@@ -47,7 +47,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 6
+_GEMM_ABI = 7
 
 
 def library_path() -> Path:
@@ -164,7 +164,7 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_counters.argtypes = [_INT, _INT, _INT, _INT]
     so.w12_gemm_v4_ready.restype = _INT
     so.w12_gemm_splits.restype = _INT
-    so.w12_gemm_splits.argtypes = [_INT, _INT, _INT, _INT]
+    so.w12_gemm_splits.argtypes = [_INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_check_device.restype = _INT
     so.w12_gemm_counters_buffer.restype = _VP
     so.w12_gemm_counters_buffer.argtypes = [_INT, _VP, _INT, ctypes.POINTER(_INT)]
@@ -267,7 +267,7 @@ def kernel_version(n: int | None = None, k: int | None = None, device="cuda") ->
             raise ValueError("W12_GEMM_KERNEL=auto chooses per weight shape: pass n and k")
         sms = _check_device(torch.device(device))
         cps = _env_int("W12_GEMM_CTAS_PER_SM", 2)
-        return choose_kernel(n, k, sms, cps, _v1_splits(n, k, sms * cps, sms))
+        return choose_kernel(n, k, sms, cps, _splits(n, k, sms * cps, sms, 1))
     return _KERNELS[raw]
 
 
@@ -286,19 +286,24 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
         raise ValueError(f"W12_GEMM_PDL={raw!r} must be auto, 0 or 1")
     if raw != "auto":
         return raw == "1"
-    return kver == 3 or (kver in (1, 4) and m <= 16 and splits(n, k, device) >= 4)
+    return kver == 3 or (kver in (1, 4) and m <= 16 and splits(n, k, device, kver) >= 4)
 
 
 @functools.lru_cache(maxsize=4096)
-def _v1_splits(n: int, k: int, target: int, sms: int) -> int:
-    # The library's rule is a pure function of these four numbers; eager calls ask it twice each
+def _splits(n: int, k: int, target: int, sms: int, kver: int) -> int:
+    # The library's rule is a pure function of these five numbers; eager calls ask it twice each
     # (kernel choice and PDL rule), and a ctypes round trip per ask is host time on every call.
-    return int(_gemm_lib().w12_gemm_splits(n, k, target, sms))
+    return int(_gemm_lib().w12_gemm_splits(n, k, target, sms, kver))
 
 
-def splits(n: int, k: int, device="cuda") -> int:
-    """Number of K slices the v1 GEMM uses for an (N, K) weight on ``device`` (independent of M)."""
-    return _v1_splits(n, k, target_ctas(device), _check_device(torch.device(device)))
+def splits(n: int, k: int, device="cuda", kernel: int | None = None) -> int:
+    """Number of K slices GEMM kernel ``kernel`` (1 = v1, 4 = v4; default: the one ``w12.linear``
+    runs for this shape) cuts an (N, K) weight into on ``device``, independent of M.
+
+    v1 and v4 share the rule except its CTA fill (v4 leaves a few more weights unsplit); v2 and
+    v3 have no such split (0)."""
+    kver = kernel_version(n, k, device) if kernel is None else kernel
+    return _splits(n, k, target_ctas(device), _check_device(torch.device(device)), kver)
 
 
 # Ticket counters of the K-split reduction: zero between calls (each call leaves them zero), one
