@@ -273,7 +273,7 @@ def test_cuda_sources_compile(tmp_path):
     so.w12_gemm_splits.restype = ctypes.c_int
     assert so.w12_gemm_record_layout() == layouts.MMA_SYNC_LAYOUT
     assert [so.w12_gemm_kernel_layout(v) for v in (1, 2, 3, 4)] == [cuda_ops.kernel_layout(v) for v in (1, 2, 3, 4)]
-    # The split is a function of (N, K, target CTAs) only, covers K without empty slices.
+    # The split is a function of (N, K, target CTAs, SMs, kernel) only, covers K without empty slices.
     shapes = [(4096, 4096), (28672, 4096), (4096, 14336), (100, 70), (6144, 4096), (128256, 4096), (10240, 5120)]
     for n, k in shapes + [(51200, 5120), (5120, 25600), (384, 1000), (8448, 1000), (130, 70), (256, 14336)]:
         for kernel in (1, 4):
