@@ -48,7 +48,8 @@ struct GemmArgs : GemmOperands {
                             // v3 (gemm_slab_launch): bit 1 (stream only), 32 (above); v4 (gemm_wgmma_launch): 64 = decode overlapping the
                             // previous record's wgmma (at 65..128 tokens: the plain loop; same bits), 524288 = one warpgroup per CTA
                             // instead of two up to 64 tokens, 262144 = two row tiles per CTA from 33 tokens up (same bits),
-                            // 1 = activation tiles copied for the first ring stages only (wrong output)
+                            // 1 = activation tiles copied for the first ring stages only (wrong output), 2 = the
+                            // per-output epilogue of unsplit grids (same bits)
 };
 
 // Argument checks shared by every launcher (M == 0 is valid and launches nothing).

@@ -8,9 +8,9 @@
 // count, and they run asynchronously with the copies of the following records.
 //
 // STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 12 (docs/perf-notes.md,
-// gemm_h200_s12_final.json): Llama geomean 1.23 / 1.15 / 1.10 / 0.92 / 0.68 of cuBLAS at 1 / 16 /
-// 32 / 64 / 128 tokens (v1 in the same call 1.21 / 1.14 / 1.03 / 0.84 / -); decode-step graph
-// set 0.81 (v1 0.83; same-call A/B of session 12's unsplit gate_up 0.816 -> 0.804). Session 11
+// gemm_h200_s12_final.json): Llama geomean 1.23 / 1.17 / 1.13 / 0.92 / 0.69 of cuBLAS at 1 / 16 /
+// 32 / 64 / 128 tokens (v1 in the same call 1.23 / 1.14 / 1.04 / 0.86 / -); decode-step graph
+// set 0.80 (v1 0.82; same-call A/B of session 12's unsplit gate_up 0.816 -> 0.804). Session 11
 // moved the reduce kernel's escapes before its wait (session 10: 1.21 / 1.08 / 1.02 / 0.87 /
 // 0.65, graph set 0.84). Its bits differ from v1's (about 2-4e-4 of the
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every
@@ -59,7 +59,8 @@ constexpr int kRowPairs = 1 << 18;      // diagnostic 262144: WG = 4, two row ti
 struct WParams : GemmOperands {
   int M, N, KT, S, kper;
   int pdl;  // launched with programmatic dependent launch: wait for the previous kernel first
-  int x_once;  // diagnostic 1 (wrong output): activation tiles copied for the first stages only
+  int diag;  // 1 (wrong output): activation tiles copied for the first stages only; 2: the per-output
+            // S = 1 epilogue (same bits)
   int64_t ldx, ldy;
   float4* ws;  // S > 1: partial sums in v1's order, summed by v1's reduce kernel (gemm_reduce_launch)
 };
@@ -164,6 +165,90 @@ struct Wgmma<128> {
 };
 #endif
 
+// The epilogue of unsplit grids (S = 1) for rows R0..R1-1 of the thread's 2 * MTW (rows nbase +
+// 16 (mt0 + r / 2) + g + 8 (r % 2); tokens 8j + 2t (+1) of chunk j): each row's data and escapes
+// once for all its tokens. The rows' data first (one round trip), then their first escapes (one
+// more), then the rare further escapes, the stores last. The kernel passes all rows at once up to
+// 32 tokens, one at a time at 64 and 128 (a batch of rows' data spills the accumulators there).
+// The per-output form (`store` in the kernel) reloaded the row data and walked the escape chain
+// per token, each output behind the previous one's store (session 12, docs/perf-notes.md). Per
+// output the same operations in the same order as fix_escapes, so the same bits.
+template <int NCH, int MTW, int R0, int R1>
+__device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, int mt0, int g, int t, const WParams& p) {
+  constexpr int R = 2 * MTW;
+  int rn[R], re0[R], re1[R], rc[R];
+  float rsc[R], rb[R], rw[R];
+#pragma unroll
+  for (int r = R0; r < R1; ++r) {
+    rn[r] = nbase + 16 * (mt0 + (r >> 1)) + g + 8 * (r & 1);
+    const bool ok = rn[r] < p.N;
+    rsc[r] = ok ? row_scale(__ldg(p.base + rn[r])) : 0.f;
+    re0[r] = ok ? __ldg(p.esc_ptr + rn[r]) : 0;
+    re1[r] = ok ? __ldg(p.esc_ptr + rn[r] + 1) : 0;
+    rb[r] = (ok && p.bias) ? __ldg(p.bias + rn[r]) : 0.f;
+  }
+#pragma unroll
+  for (int r = R0; r < R1; ++r) {
+    const bool has = re0[r] < re1[r];
+    rc[r] = has ? __ldg(p.esc_col + re0[r]) : 0;
+    rw[r] = has ? bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + re0[r]))) : 0.f;
+  }
+#pragma unroll
+  for (int r = R0; r < R1; ++r) {
+    const int mt = r >> 1, h = r & 1;
+    const float slot = rsc[r] * 0x1p-15f;
+#pragma unroll
+    for (int j = 0; j < NCH; ++j)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) a[mt][4 * j + 2 * h + u] = a[mt][4 * j + 2 * h + u] * rsc[r];
+    if (re0[r] < re1[r]) {
+#pragma unroll
+      for (int j = 0; j < NCH; ++j)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int m = 8 * j + 2 * t + u;
+          if (m < p.M) {
+            const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + rc[r]]);
+            float& y = a[mt][4 * j + 2 * h + u];
+            y = __fadd_rn(y, __fmul_rn(rw[r], xv));
+            y = __fsub_rn(y, __fmul_rn(slot, xv));
+          }
+        }
+      for (int e = re0[r] + 1; e < re1[r]; ++e) {
+        const int col = __ldg(p.esc_col + e);
+        const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+#pragma unroll
+        for (int j = 0; j < NCH; ++j)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int m = 8 * j + 2 * t + u;
+            if (m < p.M) {
+              const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
+              float& y = a[mt][4 * j + 2 * h + u];
+              y = __fadd_rn(y, __fmul_rn(wv, xv));
+              y = __fsub_rn(y, __fmul_rn(slot, xv));
+            }
+          }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = R0; r < R1; ++r) {
+    const int mt = r >> 1, h = r & 1;
+#pragma unroll
+    for (int j = 0; j < NCH; ++j)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int m = 8 * j + 2 * t + u;
+        if (rn[r] < p.N && m < p.M) {
+          float y = a[mt][4 * j + 2 * h + u];
+          if (p.bias) y = __fadd_rn(y, rb[r]);
+          p.y[(int64_t)m * p.ldy + rn[r]] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+        }
+      }
+  }
+}
+
 // WG = warpgroups per CTA. WG = 1: each warp decodes both m-tiles of its 32-row quarter and the
 // warpgroup issues 8 wgmma per record. WG = 2 (session 9): warpgroup mt decodes and multiplies
 // m-tile mt only (warp w: quarter w & 3), 4 wgmma per record each, so a record's decode chain per
@@ -242,7 +327,7 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
     const uint16_t* xs = p.x + (int64_t)(kt0 + i) * 64;
 #pragma unroll
     for (int u = 0; u < kXU; ++u)
-      if (x_mine && xr0 + xrow(u) < p.M && !(p.x_once && i >= STAGES))
+      if (x_mine && xr0 + xrow(u) < p.M && !((p.diag & 1) && i >= STAGES))
         cp_async16_ca(dst + xdst0 + xrow(u) * 128, xs + xoff0 + xrow(u) * (int)p.ldx);
   };
   // Rows >= M of every stage's B tile: zero once (the copies never write them); the first
@@ -351,6 +436,12 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
     }
   };
   if (p.S == 1) {
+    if (!(p.diag & 2)) {
+      if constexpr (NCH <= 4) {
+        store_rows<NCH, MTW, 0, 2 * MTW>(acc, nbase, mt0, g, t, p);
+        return;
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
@@ -515,7 +606,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   p.ldx = a.ldx;
   p.ldy = a.ldy;
   p.pdl = (a.flags & 32) ? 0 : 1;  // diagnostic 32 = no PDL (the Python rule sets it: W12_GEMM_PDL)
-  p.x_once = a.flags & 1;
+  p.diag = a.flags & 3;
   for (int m0 = 0; m0 < a.M; m0 += kMaxTokens) {
     const int tokens = (a.M - m0) < kMaxTokens ? (a.M - m0) : kMaxTokens;
     p.x = a.x + (int64_t)m0 * a.ldx;

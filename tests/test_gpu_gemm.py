@@ -498,6 +498,7 @@ def test_v1_ring_depth_changes_no_bit(n, k, m, monkeypatch):
         ("32", "0"),
         ("262144", "0"),
         ("262144", "4"),
+        ("2", "0"),
         ("262208", "0"),
     ],
 )
@@ -508,7 +509,9 @@ def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
     # 65..128 tokens, where that is the default, the plain loop); 524288: one warpgroup per CTA
     # (each warp decodes both m-tiles) instead of two, up to 64 tokens; 524352: both; 262144: two
     # row tiles per CTA (4 warpgroups) from 33 tokens up (384 rows: an odd tile count, the last
-    # pair half empty); W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch.
+    # pair half empty); 2: the unsplit grids' per-output epilogue (row data and escapes reloaded per
+    # token) instead of the per-row one; W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic
+    # dependent launch.
     # The same wgmma in the same order for every output element, so the same bits.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     gen = torch.Generator().manual_seed(111 + m)
