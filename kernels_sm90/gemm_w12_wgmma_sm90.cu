@@ -173,6 +173,25 @@ struct Wgmma<128> {
 // The per-output form (`store` in the kernel) reloaded the row data and walked the escape chain
 // per token, each output behind the previous one's store (session 12, docs/perf-notes.md). Per
 // output the same operations in the same order as fix_escapes, so the same bits.
+// One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
+// as fix_escapes does.
+template <int NCH, int MTW>
+__device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int h, int t, int col, float wv, float slot,
+                                           const WParams& p) {
+#pragma unroll
+  for (int j = 0; j < NCH; ++j)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int m = 8 * j + 2 * t + u;
+      if (m < p.M) {
+        const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
+        float& y = a[mt][4 * j + 2 * h + u];
+        y = __fadd_rn(y, __fmul_rn(wv, xv));
+        y = __fsub_rn(y, __fmul_rn(slot, xv));
+      }
+    }
+}
+
 template <int NCH, int MTW, int R0, int R1>
 __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, int mt0, int g, int t, const WParams& p) {
   constexpr int R = 2 * MTW;
@@ -202,34 +221,10 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
 #pragma unroll
       for (int u = 0; u < 2; ++u) a[mt][4 * j + 2 * h + u] = a[mt][4 * j + 2 * h + u] * rsc[r];
     if (re0[r] < re1[r]) {
-#pragma unroll
-      for (int j = 0; j < NCH; ++j)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int m = 8 * j + 2 * t + u;
-          if (m < p.M) {
-            const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + rc[r]]);
-            float& y = a[mt][4 * j + 2 * h + u];
-            y = __fadd_rn(y, __fmul_rn(rw[r], xv));
-            y = __fsub_rn(y, __fmul_rn(slot, xv));
-          }
-        }
-      for (int e = re0[r] + 1; e < re1[r]; ++e) {
-        const int col = __ldg(p.esc_col + e);
-        const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-#pragma unroll
-        for (int j = 0; j < NCH; ++j)
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int m = 8 * j + 2 * t + u;
-            if (m < p.M) {
-              const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
-              float& y = a[mt][4 * j + 2 * h + u];
-              y = __fadd_rn(y, __fmul_rn(wv, xv));
-              y = __fsub_rn(y, __fmul_rn(slot, xv));
-            }
-          }
-      }
+      escape_row<NCH, MTW>(a, mt, h, t, rc[r], rw[r], slot, p);
+      for (int e = re0[r] + 1; e < re1[r]; ++e)
+        escape_row<NCH, MTW>(a, mt, h, t, __ldg(p.esc_col + e),
+                             bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e))), slot, p);
     }
   }
 #pragma unroll
