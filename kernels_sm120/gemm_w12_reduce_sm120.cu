@@ -53,30 +53,37 @@ template <int NCH, int MTW>
 __device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int nbase, int mtl, int j, const RowData& rd,
                                                       const StagedEscapes& se, int eb, const KParams& p) {
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int m0 = 8 * j + 2 * t;  // the thread's tokens m0, m0 + 1
+  if (m0 >= p.M) return;
+  const bool ok1 = m0 + 1 < p.M;
+  // Per row, both tokens at once: each escape's value and activations read once for the two
+  // (the per-output form walked every row's escapes twice from 2 tokens up; session 12).
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int h = i >> 1, r = 2 * mtl + h;
-    const int n = nbase + g + 8 * h;
-    const int tok = 2 * t + (i & 1), m = 8 * j + tok;
-    if (n < p.N && m < p.M) {
-      float x = v[i] * pick4(rd.scale, r);
-      const float slot = pick4(rd.scale, r) * 0x1p-15f;
-      for (int e = pick4(rd.e0, r); e < pick4(rd.e1, r); ++e) {
-        const int k = e - eb;
-        float xv, wv;
-        if (k < kStagedEscapes) {
-          xv = se.x[k][tok];
-          wv = se.w[k];
-        } else {
-          xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + __ldg(p.esc_col + e)]);
-          wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-        }
-        x = __fadd_rn(x, __fmul_rn(wv, xv));
-        x = __fsub_rn(x, __fmul_rn(slot, xv));
+  for (int h = 0; h < 2; ++h) {
+    const int r = 2 * mtl + h, n = nbase + g + 8 * h;
+    if (n >= p.N) continue;
+    float x0 = v[2 * h] * pick4(rd.scale, r), x1 = v[2 * h + 1] * pick4(rd.scale, r);
+    const float slot = pick4(rd.scale, r) * 0x1p-15f;
+    for (int e = pick4(rd.e0, r); e < pick4(rd.e1, r); ++e) {
+      const int k = e - eb;
+      float wv, xv0, xv1;
+      if (k < kStagedEscapes) {
+        const float2 xx = *reinterpret_cast<const float2*>(&se.x[k][2 * t]);  // zero past M
+        wv = se.w[k], xv0 = xx.x, xv1 = xx.y;
+      } else {
+        const int col = __ldg(p.esc_col + e);
+        wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+        xv0 = bf16_bits_to_float(p.x[(int64_t)m0 * p.ldx + col]);
+        xv1 = ok1 ? bf16_bits_to_float(p.x[(int64_t)(m0 + 1) * p.ldx + col]) : 0.f;
       }
-      if (p.bias) x = __fadd_rn(x, pick4(rd.bias, r));
-      p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+      x0 = __fadd_rn(x0, __fmul_rn(wv, xv0));
+      x0 = __fsub_rn(x0, __fmul_rn(slot, xv0));
+      x1 = __fadd_rn(x1, __fmul_rn(wv, xv1));
+      x1 = __fsub_rn(x1, __fmul_rn(slot, xv1));
     }
+    if (p.bias) x0 = __fadd_rn(x0, pick4(rd.bias, r)), x1 = __fadd_rn(x1, pick4(rd.bias, r));
+    p.y[(int64_t)m0 * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x0));
+    if (ok1) p.y[(int64_t)(m0 + 1) * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x1));
   }
 }
 
