@@ -165,14 +165,6 @@ struct Wgmma<128> {
 };
 #endif
 
-// The epilogue of unsplit grids (S = 1) for rows R0..R1-1 of the thread's 2 * MTW (rows nbase +
-// 16 (mt0 + r / 2) + g + 8 (r % 2); tokens 8j + 2t (+1) of chunk j): each row's data and escapes
-// once for all its tokens. The rows' data first (one round trip), then their first escapes (one
-// more), then the rare further escapes, the stores last. The kernel passes all rows at once up to
-// 32 tokens, one at a time at 64 and 128 (a batch of rows' data spills the accumulators there).
-// The per-output form (`store` in the kernel) reloaded the row data and walked the escape chain
-// per token, each output behind the previous one's store (session 12, docs/perf-notes.md). Per
-// output the same operations in the same order as fix_escapes, so the same bits.
 // One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
 // as fix_escapes does.
 template <int NCH, int MTW>
@@ -192,6 +184,15 @@ __device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int
     }
 }
 
+// The epilogue of unsplit grids (S = 1) for rows R0..R1-1 of the thread's 2 * MTW (rows nbase +
+// 16 (mt0 + r / 2) + g + 8 (r % 2); tokens 8j + 2t (+1) of chunk j): each row's data and escapes
+// once for all its tokens. The rows' data first (one round trip), then their first escapes (one
+// more), then the rare further escapes, the stores last. The kernel takes it up to 32 tokens, all
+// rows at once; at 64 and 128 it keeps the per-output form (`store` in the kernel), because this
+// one spills the accumulators there even one row at a time. The per-output form reloads the row
+// data and walks the escape chain per token, each output behind the previous one's store
+// (session 12, docs/perf-notes.md). Per output the same operations in the same order as
+// fix_escapes, so the same bits.
 template <int NCH, int MTW, int R0, int R1>
 __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, int mt0, int g, int t, const WParams& p) {
   constexpr int R = 2 * MTW;
