@@ -161,6 +161,7 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check):
             set_variant(var)
             wv = [in_kernel_layout(w) for w in ws]
             t, p25, p75 = time_graph([lambda w=w, x=x: w12.linear(x, w) for w in wv], reps)
+            kver = cuda_ops.kernel_version(n, k)
             rows.append(
                 {
                     "kernel": variant_label(var, len(variants)),
@@ -174,8 +175,8 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check):
                     "speedup": round(t_cb / t, 4),
                     "tbps_w12": round(w12_bytes / t / 1e6, 3),
                     "tbps_cublas": round(bf_bytes / t_cb / 1e6, 3),
-                    "splits": cuda_ops.splits(n, k),  # of the kernel that ran
-                    "kernel_used": cuda_ops.kernel_version(n, k),
+                    "splits": cuda_ops.splits(n, k, kernel=kver),
+                    "kernel_used": kver,
                 }
             )
     del ws, wb

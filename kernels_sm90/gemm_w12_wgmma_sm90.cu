@@ -184,22 +184,22 @@ __device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int
     }
 }
 
-// The epilogue of unsplit grids (S = 1) for rows R0..R1-1 of the thread's 2 * MTW (rows nbase +
-// 16 (mt0 + r / 2) + g + 8 (r % 2); tokens 8j + 2t (+1) of chunk j): each row's data and escapes
+// The epilogue of unsplit grids (S = 1) for the thread's 2 * MTW rows (rows nbase + 16 (mt0 + r / 2)
+// + g + 8 (r % 2); tokens 8j + 2t (+1) of chunk j): each row's data and escapes
 // once for all its tokens. The rows' data first (one round trip), then their first escapes (one
-// more), then the rare further escapes, the stores last. The kernel takes it up to 32 tokens, all
-// rows at once; at 64 and 128 it keeps the per-output form (`store` in the kernel), because this
+// more), then the rare further escapes, the stores last. The kernel takes it up to 32 tokens; at
+// 64 and 128 it keeps the per-output form (`store` in the kernel), because this
 // one spills the accumulators there even one row at a time. The per-output form reloads the row
 // data and walks the escape chain per token, each output behind the previous one's store
 // (session 12, docs/perf-notes.md). Per output the same operations in the same order as
 // fix_escapes, so the same bits.
-template <int NCH, int MTW, int R0, int R1>
+template <int NCH, int MTW>
 __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, int mt0, int g, int t, const WParams& p) {
   constexpr int R = 2 * MTW;
   int rn[R], re0[R], re1[R], rc[R];
   float rsc[R], rb[R], rw[R];
 #pragma unroll
-  for (int r = R0; r < R1; ++r) {
+  for (int r = 0; r < R; ++r) {
     rn[r] = nbase + 16 * (mt0 + (r >> 1)) + g + 8 * (r & 1);
     const bool ok = rn[r] < p.N;
     rsc[r] = ok ? row_scale(__ldg(p.base + rn[r])) : 0.f;
@@ -208,13 +208,13 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
     rb[r] = (ok && p.bias) ? __ldg(p.bias + rn[r]) : 0.f;
   }
 #pragma unroll
-  for (int r = R0; r < R1; ++r) {
+  for (int r = 0; r < R; ++r) {
     const bool has = re0[r] < re1[r];
     rc[r] = has ? __ldg(p.esc_col + re0[r]) : 0;
     rw[r] = has ? bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + re0[r]))) : 0.f;
   }
 #pragma unroll
-  for (int r = R0; r < R1; ++r) {
+  for (int r = 0; r < R; ++r) {
     const int mt = r >> 1, h = r & 1;
     const float slot = rsc[r] * 0x1p-15f;
 #pragma unroll
@@ -229,7 +229,7 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
     }
   }
 #pragma unroll
-  for (int r = R0; r < R1; ++r) {
+  for (int r = 0; r < R; ++r) {
     const int mt = r >> 1, h = r & 1;
 #pragma unroll
     for (int j = 0; j < NCH; ++j)
@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
   if (p.S == 1) {
     if (!(p.diag & 2)) {
       if constexpr (NCH <= 4) {
-        store_rows<NCH, MTW, 0, 2 * MTW>(acc, nbase, mt0, g, t, p);
+        store_rows<NCH, MTW>(acc, nbase, mt0, g, t, p);
         return;
       }
     }
