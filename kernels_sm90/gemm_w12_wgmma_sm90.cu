@@ -245,6 +245,64 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
   }
 }
 
+// Shared-memory bytes store_rows_smem needs: the CTA's rows x (tokens + 1) FP32 values.
+constexpr int epilogue_smem_bytes(int nch, int rt) { return 128 * rt * (8 * nch + 1) * 4; }
+
+// The epilogue of unsplit grids at 64 and 128 tokens (store_rows spills there): the accumulators
+// go to shared memory (the ring is free once every warp is past the main loop), then each thread
+// takes one row (or half of one row's tokens) and applies its scale and escapes to all its tokens
+// in shared memory, loading the row's data and each escape's column and value once, then adds the
+// bias and stores; consecutive lanes hold consecutive rows, so the BF16 stores of one token are
+// contiguous. Rows are padded to T + 1 floats so that those lanes read different banks. The same
+// operations per output in the same order as fix_escapes, so the same bits. Must be reached by
+// every thread of the CTA (two barriers). row0: the CTA's first row.
+template <int NCH, int MTW, int WG>
+__device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], uint8_t* smem, int row0,
+                                                const WParams& p) {
+  constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, NTH = 128 * WG, TP = T + 1;
+  constexpr int PER_ROW = NTH / R;  // threads per row: 1 (WG = 1) or 2
+  float* Y = reinterpret_cast<float*>(smem);
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int quarter = (tid >> 5) & 3, mt0 = WG == 1 ? 0 : (tid >> 7) & 1, rtl = WG == 4 ? tid >> 8 : 0;
+  __syncthreads();  // every warp is past the main loop (its wgmma retired, its copies landed)
+#pragma unroll
+  for (int mt = 0; mt < MTW; ++mt)
+#pragma unroll
+    for (int j = 0; j < NCH; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int rl = rtl * 128 + quarter * 32 + 16 * (mt0 + mt) + g + 8 * (i >> 1);
+        Y[rl * TP + 8 * j + 2 * t + (i & 1)] = a[mt][4 * j + i];
+      }
+  __syncthreads();
+  const int rl = tid % R, n = row0 + rl;
+  const int mlo = (tid / R) * (T / PER_ROW), mhi = min(mlo + T / PER_ROW, p.M);
+  if (n >= p.N || mlo >= mhi) return;
+  float* yr = Y + rl * TP;
+  const float sc = row_scale(__ldg(p.base + n)), slot = sc * 0x1p-15f;
+  const int e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
+  const float b = p.bias ? __ldg(p.bias + n) : 0.f;
+#pragma unroll 4
+  for (int m = mlo; m < mhi; ++m) yr[m] = yr[m] * sc;
+  for (int e = e0; e < e1; ++e) {
+    const int col = __ldg(p.esc_col + e);
+    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+#pragma unroll 4
+    for (int m = mlo; m < mhi; ++m) {
+      const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
+      float y = yr[m];
+      y = __fadd_rn(y, __fmul_rn(wv, xv));
+      yr[m] = __fsub_rn(y, __fmul_rn(slot, xv));
+    }
+  }
+#pragma unroll 4
+  for (int m = mlo; m < mhi; ++m) {
+    float y = yr[m];
+    if (p.bias) y = __fadd_rn(y, b);
+    p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+  }
+}
+
 // WG = warpgroups per CTA. WG = 1: each warp decodes both m-tiles of its 32-row quarter and the
 // warpgroup issues 8 wgmma per record. WG = 2 (session 9): warpgroup mt decodes and multiplies
 // m-tile mt only (warp w: quarter w & 3), 4 wgmma per record each, so a record's decode chain per
@@ -435,8 +493,10 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
     if (!(p.diag & 2)) {
       if constexpr (NCH <= 4) {
         store_rows<NCH, MTW>(acc, nbase, mt0, g, t, p);
-        return;
+      } else {
+        store_rows_smem<NCH, MTW, WG>(acc, smem, (blockIdx.x / p.S) * RT * 128, p);
       }
+      return;
     }
 #pragma unroll
     for (int mt = 0; mt < MTW; ++mt)
@@ -464,7 +524,8 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
 // smem_min: shared memory asked for beyond the ring, to cap the CTAs an SM holds (PDL, below).
 template <int NCH, int STAGES, bool OVERLAP, int WG>
 cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stream) {
-  const int smem = max(STAGES * ((WG == 4 ? 2 : 1) * kRec + NCH * 8 * 128), smem_min);
+  int smem = max(STAGES * ((WG == 4 ? 2 : 1) * kRec + NCH * 8 * 128), smem_min);
+  if (NCH >= 8 && p.S == 1) smem = max(smem, epilogue_smem_bytes(NCH, WG == 4 ? 2 : 1));
   constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG>;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
