@@ -48,7 +48,7 @@ __device__ __forceinline__ int stage_escapes(StagedEscapes& se, int rowtile, int
 }
 
 // store_fragment with the escapes from the staged table (eb: the CTA's first escape): the same
-// operations in the same order as apply_escapes, so the same bits.
+// operations in the same order as fix_escapes (smxx_gemm_common.cuh), so the same bits.
 template <int NCH, int MTW>
 __device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int nbase, int mtl, int j, const RowData& rd,
                                                       const StagedEscapes& se, int eb, const KParams& p) {

@@ -96,45 +96,53 @@ __device__ __forceinline__ T pick4(const T (&a)[4], int r) {
   return r == 0 ? a[0] : r == 1 ? a[1] : r == 2 ? a[2] : a[3];
 }
 
-// xv0: x[m][ecol], the activation the row's first escape multiplies.
-__device__ __forceinline__ float apply_escapes(float v, int r, int m, float xv0, const RowData& rd, const KParams& p) {
-  // The slot of an escape decoded as code 0 = 2^(b-127) after scaling; replace that product by
-  // the true weight's. Both products are exact in FP32 (8-bit x 8-bit mantissas); an inf/NaN
-  // weight makes the result inf/NaN exactly as multiplying by the decoded weight would.
-  const float slot = rd.scale[r] * 0x1p-15f;  // 2^(b-E0) * 2^(E0-127)
-  const uint16_t* xr = p.x + (int64_t)m * p.ldx;
-  v = __fadd_rn(v, __fmul_rn(pick4(rd.eval, r), xv0));
-  v = __fsub_rn(v, __fmul_rn(slot, xv0));
-  for (int e = pick4(rd.e0, r) + 1; e < pick4(rd.e1, r); ++e) {
-    const float xv = bf16_bits_to_float(xr[__ldg(p.esc_col + e)]);
-    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-    v = __fadd_rn(v, __fmul_rn(wv, xv));
-    v = __fsub_rn(v, __fmul_rn(slot, xv));
-  }
-  return v;
-}
-
 // Epilogue of one accumulator fragment: rows nbase + g (+8), tokens 8j + 2t (+1); rd row index
-// 2*mtl + h. Scale by 2^(b-E0), escapes, bias, round to BF16.
+// 2*mtl + h. Scale by 2^(b-E0), escapes, bias, round to BF16. Per row, both of the thread's tokens
+// at once: each escape's column and value are loaded once for the two, and the activations the two
+// tokens need are loaded before either output is stored (the per-output form, session 11 and
+// before, loaded them behind the previous output's store; session 12 measured the same change on
+// v4's epilogue and the reduce kernel's staged one). The same operations per output in the same
+// order as fix_escapes (smxx_gemm_common.cuh), so the same bits.
 template <int NCH, int MTW>
 __device__ __forceinline__ void store_fragment(const float (&v)[4], int nbase, int mtl, int j, const RowData& rd,
                                                const KParams& p) {
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int m0 = 8 * j + 2 * t;  // the thread's tokens m0, m0 + 1
+  if (m0 >= p.M) return;
+  const bool ok1 = m0 + 1 < p.M;
+  const uint16_t* x0r = p.x + (int64_t)m0 * p.ldx;
+  const uint16_t* x1r = x0r + p.ldx;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int h = i >> 1, r = 2 * mtl + h;
-    const int n = nbase + g + 8 * h;
-    const int m = 8 * j + 2 * t + (i & 1);
-    if (n < p.N && m < p.M) {
-      float x = v[i] * pick4(rd.scale, r);
-      if (pick4(rd.e0, r) < pick4(rd.e1, r)) {
-        const float xv0 = NCH == 1 ? ((i & 1) ? pick4(rd.ex[1], r) : pick4(rd.ex[0], r))
-                                   : bf16_bits_to_float(p.x[(int64_t)m * p.ldx + pick4(rd.ecol, r)]);
-        x = apply_escapes(x, r, m, xv0, rd, p);
+  for (int h = 0; h < 2; ++h) {
+    const int r = 2 * mtl + h, n = nbase + g + 8 * h;
+    if (n >= p.N) continue;
+    // slot: the product an escape decoded as code 0 (2^(b-127) after scaling) contributed; it is
+    // replaced by the true weight's. Both products are exact in FP32 (8-bit x 8-bit mantissas).
+    const float sc = pick4(rd.scale, r), slot = sc * 0x1p-15f;
+    float y0 = v[2 * h] * sc, y1 = v[2 * h + 1] * sc;
+    if (pick4(rd.e0, r) < pick4(rd.e1, r)) {
+      const int c = pick4(rd.ecol, r);
+      const float w = pick4(rd.eval, r);
+      const float xv0 = NCH == 1 ? pick4(rd.ex[0], r) : bf16_bits_to_float(x0r[c]);
+      const float xv1 = NCH == 1 ? pick4(rd.ex[1], r) : (ok1 ? bf16_bits_to_float(x1r[c]) : 0.f);
+      y0 = __fadd_rn(y0, __fmul_rn(w, xv0));
+      y0 = __fsub_rn(y0, __fmul_rn(slot, xv0));
+      y1 = __fadd_rn(y1, __fmul_rn(w, xv1));
+      y1 = __fsub_rn(y1, __fmul_rn(slot, xv1));
+      for (int e = pick4(rd.e0, r) + 1; e < pick4(rd.e1, r); ++e) {
+        const int col = __ldg(p.esc_col + e);
+        const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+        const float a0 = bf16_bits_to_float(x0r[col]);
+        const float a1 = ok1 ? bf16_bits_to_float(x1r[col]) : 0.f;
+        y0 = __fadd_rn(y0, __fmul_rn(wv, a0));
+        y0 = __fsub_rn(y0, __fmul_rn(slot, a0));
+        y1 = __fadd_rn(y1, __fmul_rn(wv, a1));
+        y1 = __fsub_rn(y1, __fmul_rn(slot, a1));
       }
-      if (p.bias) x = __fadd_rn(x, pick4(rd.bias, r));
-      p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
     }
+    if (p.bias) y0 = __fadd_rn(y0, pick4(rd.bias, r)), y1 = __fadd_rn(y1, pick4(rd.bias, r));
+    p.y[(int64_t)m0 * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y0));
+    if (ok1) p.y[(int64_t)(m0 + 1) * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y1));
   }
 }
 
