@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         type=_ints,
         default=[0],
         help="W12_GEMM_DIAG values to try (v1: 1 no decode/MMA, 2 no reduction, 4 global reduction, 32 no PDL, "
-        "512 in-kernel reduction at M<=8, 1/2 give wrong output; v4: 2 the per-output epilogue; "
+        "512 in-kernel reduction at M<=8, 1/2 give wrong output; v4: 2 the per-output epilogue, 65536 no reduce kernel; "
         "README lists the rest)",
     )
     p.add_argument("--graph-set", choices=["llama8b"], default=None, help="also time the whole-model graph set")

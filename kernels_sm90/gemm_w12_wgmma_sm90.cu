@@ -60,7 +60,7 @@ struct WParams : GemmOperands {
   int M, N, KT, S, kper;
   int pdl;  // launched with programmatic dependent launch: wait for the previous kernel first
   int diag;  // 1 (wrong output): activation tiles copied for the first stages only; 2: the per-output
-            // S = 1 epilogue (same bits)
+            // S = 1 epilogue at every M (same bits)
   int64_t ldx, ldy;
   float4* ws;  // S > 1: partial sums in v1's order, summed by v1's reduce kernel (gemm_reduce_launch)
 };
@@ -188,8 +188,8 @@ __device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int
 // + g + 8 (r % 2); tokens 8j + 2t (+1) of chunk j): each row's data and escapes
 // once for all its tokens. The rows' data first (one round trip), then their first escapes (one
 // more), then the rare further escapes, the stores last. The kernel takes it up to 32 tokens; at
-// 64 and 128 it keeps the per-output form (`store` in the kernel), because this
-// one spills the accumulators there even one row at a time. The per-output form reloads the row
+// 64 and 128 store_rows_smem (below), because this one spills the accumulators there even one row
+// at a time. The per-output form reloads the row
 // data and walks the escape chain per token, each output behind the previous one's store
 // (session 12, docs/perf-notes.md). Per output the same operations in the same order as
 // fix_escapes, so the same bits.
@@ -709,7 +709,9 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     else if (nch == 8) e = launch_pick<8>(st, ov, wg, p, grid, smem_min, stream);
     else e = launch_pick<16>(st, ov, wg, p, grid, smem_min, stream);
     if (e != cudaSuccess) return e;
-    if (p.S > 1 && (e = gemm_reduce_launch(a, m0, tokens, p.S, stream)) != cudaSuccess) return e;
+    // Diagnostic 65536 (wrong output): no reduce kernel, so that a benchmark can tell the GEMM
+    // grid's time from the reduction's (session 13, docs/perf-notes.md).
+    if (p.S > 1 && !(a.flags & 65536) && (e = gemm_reduce_launch(a, m0, tokens, p.S, stream)) != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
