@@ -7,12 +7,12 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 12 (docs/perf-notes.md,
-// gemm_h200_s12_final.json): Llama geomean 1.29 / 1.26 / 1.20 / 0.97 / 0.69 of cuBLAS at 1 / 16 /
-// 32 / 64 / 128 tokens (v1 in the same call 1.26 / 1.24 / 1.11 / 0.89 / -); decode-step graph
-// set 0.80 (v1 0.82; same-call A/B of session 12's unsplit gate_up 0.816 -> 0.804). Session 11
-// moved the reduce kernel's escapes before its wait (session 10: 1.21 / 1.08 / 1.02 / 0.87 /
-// 0.65, graph set 0.84). Its bits differ from v1's (about 2-4e-4 of the
+// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 13 (docs/perf-notes.md,
+// gemm_h200_s13_final.json): Llama geomean 1.26 / 1.24 / 1.19 / 1.01 / 0.74 of cuBLAS at 1 / 16 /
+// 32 / 64 / 128 tokens (v1 in the same call 1.28 / 1.25 / 1.13 / 0.94 / -); decode-step graph
+// set 0.80 (v1 0.82). Session 13's shared-memory epilogue took 64 / 128 tokens from 0.97 / 0.69
+// (session 12); sessions 11-12 took 1 / 16 tokens from 1.21 / 1.08 (session 10). Its bits differ
+// from v1's (about 2-4e-4 of the
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every
 // M or for none.
 //
