@@ -76,14 +76,9 @@ __device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int n
         xv0 = bf16_bits_to_float(p.x[(int64_t)m0 * p.ldx + col]);
         xv1 = ok1 ? bf16_bits_to_float(p.x[(int64_t)(m0 + 1) * p.ldx + col]) : 0.f;
       }
-      x0 = __fadd_rn(x0, __fmul_rn(wv, xv0));
-      x0 = __fsub_rn(x0, __fmul_rn(slot, xv0));
-      x1 = __fadd_rn(x1, __fmul_rn(wv, xv1));
-      x1 = __fsub_rn(x1, __fmul_rn(slot, xv1));
+      escape_pair(x0, x1, wv, xv0, xv1, slot);
     }
-    if (p.bias) x0 = __fadd_rn(x0, pick4(rd.bias, r)), x1 = __fadd_rn(x1, pick4(rd.bias, r));
-    p.y[(int64_t)m0 * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x0));
-    if (ok1) p.y[(int64_t)(m0 + 1) * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(x1));
+    store_pair(x0, x1, rd, r, m0, ok1, n, p);
   }
 }
 

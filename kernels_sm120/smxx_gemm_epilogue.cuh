@@ -96,6 +96,23 @@ __device__ __forceinline__ T pick4(const T (&a)[4], int r) {
   return r == 0 ? a[0] : r == 1 ? a[1] : r == 2 ? a[2] : a[3];
 }
 
+// One escape of a row applied to the thread's two tokens: the product the escape's slot (decoded
+// as code 0) contributed is replaced by the true weight's, in fix_escapes' order.
+__device__ __forceinline__ void escape_pair(float& y0, float& y1, float wv, float xv0, float xv1, float slot) {
+  y0 = __fadd_rn(y0, __fmul_rn(wv, xv0));
+  y0 = __fsub_rn(y0, __fmul_rn(slot, xv0));
+  y1 = __fadd_rn(y1, __fmul_rn(wv, xv1));
+  y1 = __fsub_rn(y1, __fmul_rn(slot, xv1));
+}
+
+// Bias, BF16 rounding and the stores of row r's (rd's index) outputs for tokens m0 and (ok1) m0 + 1.
+__device__ __forceinline__ void store_pair(float y0, float y1, const RowData& rd, int r, int m0, bool ok1, int n,
+                                           const KParams& p) {
+  if (p.bias) y0 = __fadd_rn(y0, pick4(rd.bias, r)), y1 = __fadd_rn(y1, pick4(rd.bias, r));
+  p.y[(int64_t)m0 * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y0));
+  if (ok1) p.y[(int64_t)(m0 + 1) * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y1));
+}
+
 // Epilogue of one accumulator fragment: rows nbase + g (+8), tokens 8j + 2t (+1); rd row index
 // 2*mtl + h. Scale by 2^(b-E0), escapes, bias, round to BF16. Per row, both of the thread's tokens
 // at once: each escape's column and value are loaded once for the two, and the activations the two
@@ -125,24 +142,16 @@ __device__ __forceinline__ void store_fragment(const float (&v)[4], int nbase, i
       const float w = pick4(rd.eval, r);
       const float xv0 = NCH == 1 ? pick4(rd.ex[0], r) : bf16_bits_to_float(x0r[c]);
       const float xv1 = NCH == 1 ? pick4(rd.ex[1], r) : (ok1 ? bf16_bits_to_float(x1r[c]) : 0.f);
-      y0 = __fadd_rn(y0, __fmul_rn(w, xv0));
-      y0 = __fsub_rn(y0, __fmul_rn(slot, xv0));
-      y1 = __fadd_rn(y1, __fmul_rn(w, xv1));
-      y1 = __fsub_rn(y1, __fmul_rn(slot, xv1));
+      escape_pair(y0, y1, w, xv0, xv1, slot);
       for (int e = pick4(rd.e0, r) + 1; e < pick4(rd.e1, r); ++e) {
         const int col = __ldg(p.esc_col + e);
         const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
         const float a0 = bf16_bits_to_float(x0r[col]);
         const float a1 = ok1 ? bf16_bits_to_float(x1r[col]) : 0.f;
-        y0 = __fadd_rn(y0, __fmul_rn(wv, a0));
-        y0 = __fsub_rn(y0, __fmul_rn(slot, a0));
-        y1 = __fadd_rn(y1, __fmul_rn(wv, a1));
-        y1 = __fsub_rn(y1, __fmul_rn(slot, a1));
+        escape_pair(y0, y1, wv, a0, a1, slot);
       }
     }
-    if (p.bias) y0 = __fadd_rn(y0, pick4(rd.bias, r)), y1 = __fadd_rn(y1, pick4(rd.bias, r));
-    p.y[(int64_t)m0 * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y0));
-    if (ok1) p.y[(int64_t)(m0 + 1) * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y1));
+    store_pair(y0, y1, rd, r, m0, ok1, n, p);
   }
 }
 
