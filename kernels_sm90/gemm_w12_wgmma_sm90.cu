@@ -187,12 +187,11 @@ __device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int
 // The epilogue of unsplit grids (S = 1) for the thread's 2 * MTW rows (rows nbase + 16 (mt0 + r / 2)
 // + g + 8 (r % 2); tokens 8j + 2t (+1) of chunk j): each row's data and escapes
 // once for all its tokens. The rows' data first (one round trip), then their first escapes (one
-// more), then the rare further escapes, the stores last. The kernel takes it up to 32 tokens; at
-// 64 and 128 store_rows_smem (below), because this one spills the accumulators there even one row
-// at a time. The per-output form reloads the row
-// data and walks the escape chain per token, each output behind the previous one's store
-// (session 12, docs/perf-notes.md). Per output the same operations in the same order as
-// fix_escapes, so the same bits.
+// more), then the rare further escapes, the stores last. The kernel takes it up to 32 tokens and
+// store_rows_smem (below) at 64 and 128, where this one spills the accumulators even one row at a
+// time. The per-output form (diagnostic 2) reloads the row data and walks the escape chain per
+// token, each output behind the previous one's store (session 12, docs/perf-notes.md). Per output
+// the same operations in the same order as fix_escapes, so the same bits.
 template <int NCH, int MTW>
 __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, int mt0, int g, int t, const WParams& p) {
   constexpr int R = 2 * MTW;
