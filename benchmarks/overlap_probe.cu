@@ -1,7 +1,9 @@
 // Do the tensor pipe (wgmma) and the W12 decode's integer instructions overlap on an SM?
-// (docs/perf-notes.md, session 13, item 11.) Standalone, no torch: nvcc -std=c++17 -O3
+// (docs/perf-notes.md, session 13, item 12.) Standalone, no torch: nvcc -std=c++17 -O3
 // -gencode arch=compute_90a,code=sm_90a -I kernels_sm120 benchmarks/overlap_probe.cu -o probe
 //
+// Usage: probe [CTAS_PER_SM, default 2] [ITERS, default 20000] (session 13 ran 1, 2 and 3 CTAs per
+// SM; benchmarks/results/overlap_probe_h200_s13*.txt, the first file from modes 0-4 only).
 // Every mode runs CTAS_PER_SM x SMs CTAs of two warpgroups for ITERS iterations ("records") and
 // prints the time per iteration. Per iteration and warpgroup, a "record" is 4 wgmma
 // m64nNk16 (register A, B from shared memory) and/or 2 decode16 (the real decode), as in v4 at N
