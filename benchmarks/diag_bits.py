@@ -27,17 +27,23 @@ def main(argv=None) -> int:
     ap.add_argument("--m", default="64,100,128", help="token counts")
     ap.add_argument("--shapes", default="4096x4096,384x1000,28672x4096", help="weights as NxK, comma list")
     a = ap.parse_args(argv)
+    try:
+        shapes = [tuple(int(v) for v in sh.lower().split("x")) for sh in a.shapes.split(",")]
+        ms = [int(v) for v in a.m.split(",")]
+    except ValueError:
+        ap.error(f"--shapes must be NxK pairs and --m integers, comma-separated (got {a.shapes!r}, {a.m!r})")
+    if any(len(sh) != 2 or min(sh) < 1 for sh in shapes) or min(ms) < 1:
+        ap.error(f"--shapes must be positive NxK pairs and --m positive (got {a.shapes!r}, {a.m!r})")
     if not torch.cuda.is_available():
         raise SystemExit("diag_bits.py needs a CUDA GPU")
     torch.manual_seed(0)
     saved = os.environ.get("W12_GEMM_DIAG")
     worst = 1.0
     try:
-        for shape in a.shapes.split(","):
-            n, k = (int(v) for v in shape.lower().split("x"))
+        for n, k in shapes:
             wt = (torch.randn(n, k) * 0.02).to(torch.bfloat16)
             w = w12.pack(wt).to("cuda").with_layout(cuda_ops.preferred_layout("cuda"))
-            for m in (int(v) for v in a.m.split(",")):
+            for m in ms:
                 x = torch.randn(m, k).to(torch.bfloat16).cuda()
                 ref = x.float() @ wt.cuda().float().T
                 os.environ["W12_GEMM_DIAG"] = a.base

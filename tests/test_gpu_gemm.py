@@ -510,8 +510,8 @@ def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
     # (each warp decodes both m-tiles) instead of two, up to 64 tokens; 524352: both; 262144: two
     # row tiles per CTA (4 warpgroups) from 33 tokens up (384 rows: an odd tile count, the last
     # pair half empty); 2: the unsplit grids' per-output epilogue (row data and escapes reloaded per
-    # token) instead of the per-row one; W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic
-    # dependent launch.
+    # token) instead of the per-row one (up to 32 tokens) or the shared-memory one (64 and 100);
+    # W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch.
     # The same wgmma in the same order for every output element, so the same bits.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     gen = torch.Generator().manual_seed(111 + m)

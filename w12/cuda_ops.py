@@ -27,7 +27,7 @@ Settings (environment, read on each call):
       faster), ``1`` = always, ``0`` = never. Timing only: the bits never change. (v2 never uses it.)
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); v1: 1 and 2 skip work and give wrong results on purpose; v4: 1
-      does, 2 is the unsplit grids' per-output epilogue (same bits).
+      and 65536 (no reduce kernel) do, 2 is the unsplit grids' per-output epilogue (same bits).
 """
 
 from __future__ import annotations
