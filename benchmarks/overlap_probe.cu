@@ -3,7 +3,8 @@
 // -gencode arch=compute_90a,code=sm_90a -I kernels_sm120 benchmarks/overlap_probe.cu -o probe
 //
 // Usage: probe [CTAS_PER_SM, default 2] [ITERS, default 20000] (session 13 ran 1, 2 and 3 CTAs per
-// SM; benchmarks/results/overlap_probe_h200_s13*.txt, the first file from modes 0-4 only).
+// SM; benchmarks/results/overlap_probe_h200_s13*.txt, the first file from modes 0-4 only;
+// overlap_probe_h200_s14.txt all 20 modes at 1 and 2 CTAs per SM).
 // Every mode runs CTAS_PER_SM x SMs CTAs of two warpgroups for ITERS iterations ("records") and
 // prints the time per iteration. Per iteration and warpgroup, a "record" is 4 wgmma
 // m64nNk16 (register A, B from shared memory) and/or 2 decode16 (the real decode), as in v4 at N
@@ -16,6 +17,9 @@
 //   5 / 6 as 4 with warpgroup 1 doing only the decode's integer work / only its shared-memory
 //     loads; 7 / 8 the same without warpgroup 0's wgmma; 9 / 10: 5 with shared-memory A (SS)
 //     wgmma instead of register A, and that SS stream alone
+//   11 / 12 / 13: 1 / 2 / 3 with the split-plane decode (decode16_split, layout 3; session 14)
+//   14 / 15: 5 / 7 with the split-plane decode's integer work; 16 / 17: the same with 136 IMAD
+//     per iteration instead, 18 / 19 with 136 FFMA (which pipe the work beside wgmma runs on)
 // If 2 or 3 take about t0 + t1 the decode and the wgmma serialise; about max(t0, t1), they overlap.
 #include <cuda_runtime.h>
 
@@ -60,13 +64,15 @@ __device__ __forceinline__ void mma64(float (&d)[32], const uint32_t* a, uint64_
 }
 
 // The record's 16 A registers from two decode16 of shared-memory bytes that change with it.
+template <bool SPLIT = false>
 __device__ __forceinline__ void decode_record(const uint8_t* s, int it, uint32_t (&a)[16]) {
   const int off = (it & 7) * 64 + (threadIdx.x & 127) * 16;
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
     const uint4 h = *reinterpret_cast<const uint4*>(s + ((off + q * 4096) & 16383));
     const uint2 l = *reinterpret_cast<const uint2*>(s + 16384 + ((off / 2 + q * 2048) & 8191));
-    w12::decode16(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(it) >> 30));
+    if constexpr (SPLIT) w12::decode16_split(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(it) >> 30));
+    else w12::decode16(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(it) >> 30));
   }
 }
 
@@ -81,13 +87,32 @@ __device__ __forceinline__ void mma64ss(float (&d)[32], uint64_t da, uint64_t db
 }
 
 // The decode's integer work without its shared-memory loads (inputs made from the iteration).
+// KIND 0: decode16, 1: decode16_split, 2: 136 IMAD (the FMA pipe's integer ops), 3: 136 FFMA.
+template <int KIND = 0>
 __device__ __forceinline__ void decode_regs(int it, uint32_t (&a)[16]) {
   const uint32_t v = static_cast<uint32_t>(it) * 2654435761u + threadIdx.x;
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
     const uint4 h = make_uint4(v ^ q, v + 3u, v * 5u, v ^ 0x5555u);
     const uint2 l = make_uint2(v >> 3, v ^ 0xAAAAu);
-    w12::decode16(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(it) >> 30));
+    if constexpr (KIND == 0) w12::decode16(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(it) >> 30));
+    if constexpr (KIND == 1) w12::decode16_split(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(it) >> 30));
+    if constexpr (KIND >= 2) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[8 * q + i] = v + 7u * i + q;
+    }
+  }
+  if constexpr (KIND == 2) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) a[i] = a[i] * (2654435761u + 2u * r) + static_cast<uint32_t>(i);
+  }
+  if constexpr (KIND == 3) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) a[i] = __float_as_uint(fmaf(__uint_as_float(a[i]), 1.0001f, 0.5f * r));
   }
 }
 
@@ -190,6 +215,38 @@ __global__ void __launch_bounds__(256) probe(int iters, float* out) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) sink ^= a0[i] ^ a1[i];
       }
+    } else if constexpr (MODE == 11) {  // split-plane decode only
+      decode_record<true>(s, it, a0);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) sink ^= a0[i];
+    } else if constexpr (MODE == 12) {  // split-plane decode, plain order
+      retire(acc);
+      decode_record<true>(s, it, a0);
+      issue4(acc, a0, xb);
+    } else if constexpr (MODE == 13) {  // split-plane decode, overlap order
+      if (it & 1) {
+        decode_record<true>(s, it, a1);
+        retire(acc);
+        issue4(acc, a1, xb);
+      } else {
+        decode_record<true>(s, it, a0);
+        retire(acc);
+        issue4(acc, a0, xb);
+      }
+    } else if constexpr (MODE >= 14 && MODE <= 19) {
+      // 14/15: split decode ALU beside wgmma / alone; 16/17: IMAD; 18/19: FFMA (even: beside)
+      constexpr int kind = MODE <= 15 ? 1 : (MODE <= 17 ? 2 : 3);
+      constexpr bool beside = (MODE & 1) == 0;
+      if (beside && wg == 0) {
+        issue4(acc, a0, xb);
+        issue4(acc, a0, xb);
+        retire(acc);
+      } else if (wg == 1) {
+        decode_regs<kind>(2 * it, a0);
+        decode_regs<kind>(2 * it + 1, a1);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) sink ^= a0[i] ^ a1[i];
+      }
     } else {  // 6, 8: shared-memory loads only (6: beside wgmma)
       if (MODE == 6 && wg == 0) {
         issue4(acc, a0, xb);
@@ -241,18 +298,24 @@ int main(int argc, char** argv) {
   float* out = nullptr;
   cudaMalloc(&out, 4096 * sizeof(float));
   const int ctas = per_sm * sms;
-  const float t[11] = {run<0>(ctas, iters, out), run<1>(ctas, iters, out), run<2>(ctas, iters, out),
-                      run<3>(ctas, iters, out), run<4>(ctas, iters, out), run<5>(ctas, iters, out),
-                      run<6>(ctas, iters, out), run<7>(ctas, iters, out), run<8>(ctas, iters, out),
-                      run<9>(ctas, iters, out), run<10>(ctas, iters, out)};
-  const char* name[11] = {"wgmma only", "decode only", "plain (decode, wait, issue)", "overlap (issue, decode next, wait)",
+  constexpr int kModes = 20;
+  const float t[kModes] = {run<0>(ctas, iters, out),  run<1>(ctas, iters, out),  run<2>(ctas, iters, out),
+                           run<3>(ctas, iters, out),  run<4>(ctas, iters, out),  run<5>(ctas, iters, out),
+                           run<6>(ctas, iters, out),  run<7>(ctas, iters, out),  run<8>(ctas, iters, out),
+                           run<9>(ctas, iters, out),  run<10>(ctas, iters, out), run<11>(ctas, iters, out),
+                           run<12>(ctas, iters, out), run<13>(ctas, iters, out), run<14>(ctas, iters, out),
+                           run<15>(ctas, iters, out), run<16>(ctas, iters, out), run<17>(ctas, iters, out),
+                           run<18>(ctas, iters, out), run<19>(ctas, iters, out)};
+  const char* name[kModes] = {"wgmma only", "decode only", "plain (decode, wait, issue)", "overlap (issue, decode next, wait)",
                          "roles split (wg0 wgmma x2, wg1 decode x2)", "split, wg1 decode ALU only (no loads)",
                          "split, wg1 decode loads only (no ALU)", "wg1 decode ALU only, no wgmma",
                          "wg1 decode loads only, no wgmma", "split, SS wgmma beside decode ALU only",
-                         "SS wgmma only (wg0 x2)"};
+                         "SS wgmma only (wg0 x2)", "split-plane decode only", "split-plane plain",
+                         "split-plane overlap", "split, wg1 split-plane ALU only", "wg1 split-plane ALU only, no wgmma",
+                         "split, wg1 136 IMAD", "wg1 136 IMAD, no wgmma", "split, wg1 136 FFMA", "wg1 136 FFMA, no wgmma"};
   std::printf("%d CTAs (%d per SM) x 256 threads, %d iterations, N = 64 tokens; ns per iteration per CTA "
               "(cycles at %.2f GHz max clock):\n", ctas, per_sm, iters, clk / 1e6);
-  for (int m = 0; m < 11; ++m) std::printf("  mode %d %-44s %8.1f ns  %7.0f cycles\n", m, name[m], t[m] * 1e3f, t[m] * 1e-6f * clk * 1e3f);
+  for (int m = 0; m < kModes; ++m) std::printf("  mode %d %-44s %8.1f ns  %7.0f cycles\n", m, name[m], t[m] * 1e3f, t[m] * 1e-6f * clk * 1e3f);
   std::printf("  sum of 0 and 1: %.1f ns, max: %.1f ns\n", (t[0] + t[1]) * 1e3f, (t[0] > t[1] ? t[0] : t[1]) * 1e3f);
   return 0;
 }

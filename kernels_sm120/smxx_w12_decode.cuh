@@ -89,6 +89,43 @@ __device__ __forceinline__ void decode16(const uint4& hi, const uint2& lo, uint3
   a[7] = decode_pair<1, 1>(hi.w, o1, k38);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Split-plane records (layouts 3 and 4, w12/layouts.py): the same 16 bytes + 8 bytes a thread
+// loads per vector, but stored so that the decode needs 7 instructions per 8 weights instead of 17.
+// A BF16 weight with the fixed offset E0 is two bytes: its low byte is c0|m (8 stored bits, kept
+// whole: the "L" byte) and its high byte s|0|111|c3c2c1 (0x38 | 4 stored bits). The 16-byte vector
+// holds the L bytes in register order (byte p = register p/2 of the vector, half p%2); each 4-byte
+// word of the 8-byte vector (the "N" word of 8 weights p = 8j..8j+7) holds the 4 remaining bits of
+// its 8 weights, arranged so that two masks and one rotate make all 8 high bytes:
+//     N byte i = sA_i << 7 | cB_{(i+1)&3} << 4 | sB_i << 3 | cA_i
+// with A_i = weight 8j + i, B_i = weight 8j + 4 + i, s its sign and c its c3c2c1. Then
+//     HA = (N & 0x87878787) | 0x38383838                 (high bytes of A_0..A_3)
+//     HB = (rotl(N, 4) & 0x87878787) | 0x38383838       (high bytes of B_0..B_3)
+// and each register is one PRMT of an L word and HA or HB. The decoded values are those of
+// decode16, so the GEMM bits do not change. Session 14 (docs/perf-notes.md): the decode's integer
+// work and wgmma add up on an SM, so the decode's instruction count is what 32-128 tokens pay.
+__device__ __forceinline__ uint32_t split_high_bytes(uint32_t n, uint32_t k38) {
+  uint32_t d;
+  // LUT 0xEA = (a & b) | c.
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(n), "n"(0x87878787), "r"(k38));
+  return d;
+}
+
+// Decodes one split-plane vector: 16 L bytes and 2 N words into 8 registers of BF16 pairs in the
+// same register order as decode16. k38 as decode16's (keeps the selectors as immediates).
+__device__ __forceinline__ void decode16_split(const uint4& l, const uint2& n, uint32_t* a, uint32_t k38 = 0x38383838u) {
+  const uint32_t ha0 = split_high_bytes(n.x, k38), hb0 = split_high_bytes(__funnelshift_l(n.x, n.x, 4), k38);
+  const uint32_t ha1 = split_high_bytes(n.y, k38), hb1 = split_high_bytes(__funnelshift_l(n.y, n.y, 4), k38);
+  a[0] = prmt(l.x, ha0, 0x5140u);
+  a[1] = prmt(l.x, ha0, 0x7362u);
+  a[2] = prmt(l.y, hb0, 0x5140u);
+  a[3] = prmt(l.y, hb0, 0x7362u);
+  a[4] = prmt(l.z, ha1, 0x5140u);
+  a[5] = prmt(l.z, ha1, 0x7362u);
+  a[6] = prmt(l.w, hb1, 0x5140u);
+  a[7] = prmt(l.w, hb1, 0x7362u);
+}
+
 // 0x38383838 in a register ptxas cannot constant-fold: `zero` must be 0 at run time but unknown
 // at compile time (a kernel argument that is always 0 in practice, e.g. M >> 30 for M <= 64).
 __device__ __forceinline__ uint32_t opaque_k38(uint32_t zero) { return 0x38383838u | zero; }

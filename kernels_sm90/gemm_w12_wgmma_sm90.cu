@@ -16,7 +16,9 @@
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every
 // M or for none.
 //
-// - Records in layout 2 (w12/layouts.py: layout 1's slots and decode, MMA k in column order):
+// - Records in layout 3 (w12/layouts.py: layout 2 split, decoded by decode16_split in 7
+//   instructions per 8 weights instead of 17; session 14). Layout 2 is layout 1's slots and
+//   decode with MMA k in column order:
 //   m-tile mt of quarter q (rows 32q + 16mt + 0..15) is the 16-row slice that warp q of a
 //   warpgroup gives the wgmma for mt, so the two wgmma of a k-step cover rows {32q + 0..15} and
 //   {32q + 16..31} (q = 0..3); warpgroup mt of a 2-warpgroup CTA issues the one for mt, a
@@ -424,7 +426,7 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
       for (int q = 0; q < 2 * MTW; ++q) {
         const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
         const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
-        decode16(h, l, buf + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
+        decode16_split(h, l, buf + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
       }
     };
     if constexpr (OVERLAP) decode();

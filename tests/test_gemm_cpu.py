@@ -18,7 +18,7 @@ import torch
 
 import w12
 from w12 import cuda_ops, layouts, reference
-from w12.format import RECORD_BYTES, convert_layout, get_layout
+from w12.format import RECORD_BYTES, convert_layout, get_layout, join_record_bits, split_record_bits
 
 ROOT = Path(__file__).resolve().parent.parent
 E0 = 112  # kernels_sm120/smxx_w12_decode.cuh kDecodeE0
@@ -60,6 +60,47 @@ def _decode16(hi_words, lo_words):
         for p in range(2):
             regs.append(_decode_pair(hi_words[..., w], (e if p == 0 else o)[w // 2], p, w & 1))
     return np.stack(regs, axis=-1)
+
+
+def _decode16_split(l_words, n_words):
+    """decode16_split: L words [..., 4], N words [..., 2] -> 8 registers [..., 8]."""
+    k38 = np.uint64(0x38383838)
+
+    def high(n):
+        return (n & np.uint64(0x87878787)) | k38
+
+    regs = []
+    for j in range(2):
+        n = n_words[..., j]
+        rot = ((n << np.uint64(4)) | (n >> np.uint64(28))) & M32
+        for lw, h in ((l_words[..., 2 * j], high(n)), (l_words[..., 2 * j + 1], high(rot))):
+            regs += [_prmt(lw, h, 0x5140), _prmt(lw, h, 0x7362)]
+    return np.stack(regs, axis=-1)
+
+
+def test_decode16_split_every_code():
+    """Every 12-bit code in every slot of a split vector decodes as decode16 would: s<<15 |
+    (c+E0)<<7 | m, the same BF16 pattern, whatever the other 15 slots hold."""
+    rng = np.random.default_rng(1)
+    codes = np.arange(4096)
+    for slot in range(16):
+        planes = rng.integers(0, 4096, size=(codes.size, 16))
+        planes[:, slot] = codes
+        hi, lo = (planes >> 4).astype(np.uint8), (planes & 15).astype(np.uint8)
+        rec = torch.from_numpy(np.concatenate([hi, lo[:, 0::2] | (lo[:, 1::2] << 4)], axis=1))
+        # one vector's worth of a record: 16 slots = 16 L bytes + 8 N bytes
+        full = torch.zeros(codes.size, RECORD_BYTES, dtype=torch.uint8)
+        full[:, :16], full[:, 8192:8200] = rec[:, :16], rec[:, 16:]
+        split = split_record_bits(full).numpy()
+        regs = _decode16_split(_words(split[:, :16]), _words(split[:, 8192:8200]))
+        got = (regs[:, slot // 2] >> np.uint64(16 * (slot % 2))) & np.uint64(0xFFFF)
+        c = codes.astype(np.uint64)
+        want = ((c >> np.uint64(11)) << np.uint64(15)) | (
+            (((c >> np.uint64(7)) & np.uint64(15)) + np.uint64(E0)) << np.uint64(7)
+        )
+        want |= c & np.uint64(0x7F)
+        assert np.array_equal(got, want), slot
+        assert torch.equal(join_record_bits(torch.from_numpy(split)), full)
 
 
 def test_decode_pair_every_code():
@@ -104,8 +145,9 @@ def emulate_record_gemm(record: np.ndarray, base: np.ndarray, x: np.ndarray, lay
 
     Walks the kernel's steps: per-thread loads, decode16, the m16n8k16 fragment definitions of the
     PTX ISA (wgmma's register A fragment is the same per warp), the activation columns that meet
-    each MMA k index (layout 1: the words the mma.sync thread loads; layout 2: column 16ks + k,
-    the wgmma B tile in column order), then the row scale 2^(b - E0).
+    each MMA k index (layout 1: the words the mma.sync thread loads; layouts 2 and 3: column
+    16ks + k, the wgmma B tile in column order; layout 3 decodes with decode16_split), then the
+    row scale 2^(b - E0).
     """
     T = x.shape[0]
     x16 = x.astype(np.float64)
@@ -116,7 +158,8 @@ def emulate_record_gemm(record: np.ndarray, base: np.ndarray, x: np.ndarray, lay
             for q in range(4):
                 hi = record[2048 * w + 512 * q + 16 * lane : 2048 * w + 512 * q + 16 * lane + 16]
                 lo = record[8192 + 1024 * w + 256 * q + 8 * lane : 8192 + 1024 * w + 256 * q + 8 * lane + 8]
-                regs[lane, 8 * q : 8 * q + 8] = _decode16(_words(hi), _words(lo))
+                decode = _decode16_split if get_layout(layout).split else _decode16
+                regs[lane, 8 * q : 8 * q + 8] = decode(_words(hi), _words(lo))
         for mt in range(2):
             for ks in range(4):
                 A = np.zeros((16, 16))
@@ -147,14 +190,17 @@ def test_layout1_registered_and_a_permutation():
     assert cuda_ops.preferred_layout("cpu") == 0
 
 
-def test_v4_prefers_layout2(monkeypatch):
+def test_v4_prefers_layout3(monkeypatch):
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
-    assert cuda_ops.preferred_layout() == layouts.WGMMA_LAYOUT
+    assert cuda_ops.preferred_layout() == layouts.WGMMA_SPLIT_LAYOUT
     assert cuda_ops.preferred_layout("cpu") == 0
-    assert [cuda_ops.kernel_layout(v) for v in (1, 2, 3, 4)] == [1, 1, 1, 2]
+    assert [cuda_ops.kernel_layout(v) for v in (1, 2, 3, 4)] == [1, 1, 1, 3]
 
 
-@pytest.mark.parametrize("layout", [layouts.MMA_SYNC_LAYOUT, layouts.WGMMA_LAYOUT])
+KERNEL_LAYOUTS = [layouts.MMA_SYNC_LAYOUT, layouts.WGMMA_LAYOUT, layouts.WGMMA_SPLIT_LAYOUT]
+
+
+@pytest.mark.parametrize("layout", KERNEL_LAYOUTS)
 def test_kernel_emulation_matches_reference_decode(layout, rng):
     # Random codes everywhere (code 0 slots included), random row bases: the emulated kernel must
     # equal W_decoded @ x^T where W_decoded is the reference decode of the same record.
@@ -171,7 +217,7 @@ def test_kernel_emulation_matches_reference_decode(layout, rng):
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (128, 64), (130, 65), (300, 200)])
-@pytest.mark.parametrize("layout", [layouts.MMA_SYNC_LAYOUT, layouts.WGMMA_LAYOUT])
+@pytest.mark.parametrize("layout", KERNEL_LAYOUTS)
 def test_kernel_layout_roundtrip_and_decode(shape, layout, rng):
     wt = (torch.randn(shape, generator=rng) * 0.05).to(torch.bfloat16)
     wt.view(-1)[:: max(1, wt.numel() // 7)] = 0.0  # a few escapes
@@ -179,8 +225,8 @@ def test_kernel_layout_roundtrip_and_decode(shape, layout, rng):
     w1 = w.with_layout(layout)
     assert torch.equal(convert_layout(w1.records, layout, 0), w.records)
     assert torch.equal(w12.unpack(w1).view(torch.int16), wt.view(torch.int16))
-    other = layouts.WGMMA_LAYOUT if layout == layouts.MMA_SYNC_LAYOUT else layouts.MMA_SYNC_LAYOUT
-    assert torch.equal(w1.with_layout(other).with_layout(0).records, w.records)
+    for other in KERNEL_LAYOUTS:  # directly between kernel layouts (split or not, same slots or not)
+        assert torch.equal(w1.with_layout(other).with_layout(0).records, w.records)
 
 
 def _inputs(n=130, k=70, m=3, rng=None):

@@ -30,7 +30,7 @@ def _all_kernels():
 
 
 KERNELS = _all_kernels()
-# The layout the default kernel (auto) reads here: 2 where auto runs v4 (sm_90), else 1.
+# The layout the default kernel (auto) reads here: 3 where auto runs v4 (sm_90), else 1.
 DEFAULT_LAYOUT = cuda_ops.preferred_layout(DEV) if torch.cuda.is_available() else 1
 
 
@@ -298,7 +298,7 @@ def test_splits_do_not_depend_on_m():
     s = cuda_ops.splits(4096, 4096, DEV)
     assert 2 <= s <= 8
     assert cuda_ops.splits(128256, 4096, DEV) == 1
-    want = layouts.WGMMA_LAYOUT if "v4" in KERNELS else layouts.MMA_SYNC_LAYOUT
+    want = layouts.WGMMA_SPLIT_LAYOUT if "v4" in KERNELS else layouts.MMA_SYNC_LAYOUT
     assert cuda_ops.preferred_layout(DEV) == want  # auto runs v4 on sm_90, v1/v2 elsewhere
 
 
@@ -546,19 +546,19 @@ def test_v4_row_pairs_match_smaller_m(monkeypatch):
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("m", [1, 8, 17, 64])
-def test_v4_reads_layout2_and_permutes_others(m, monkeypatch):
-    # v4 reads layout 2 (MMA k in column order); records in layout 1 or 0 are permuted on every
-    # call, with a warning, and must give the same bits.
+def test_v4_reads_layout3_and_permutes_others(m, monkeypatch):
+    # v4 reads layout 3 (MMA k in column order, split bits); records in layouts 2, 1 or 0 are
+    # moved on every call, with a warning, and must give the same bits.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
-    assert cuda_ops.preferred_layout(DEV) == layouts.WGMMA_LAYOUT
+    assert cuda_ops.preferred_layout(DEV) == layouts.WGMMA_SPLIT_LAYOUT
     gen = torch.Generator().manual_seed(131 + m)
     wt = _weight(640, 1000, gen)
     w = w12.pack(wt).to(DEV)
     x = torch.randn(m, 1000, generator=gen).to(torch.bfloat16).to(DEV)
-    y2 = w12.linear(x, w.with_layout(layouts.WGMMA_LAYOUT))
+    y2 = w12.linear(x, w.with_layout(layouts.WGMMA_SPLIT_LAYOUT))
     _assert_close(y2, _ref(x, wt.to(DEV)), x, wt.to(DEV))
     cuda_ops._WARNED.clear()
-    for lay in (layouts.MMA_SYNC_LAYOUT, 0):
+    for lay in (layouts.WGMMA_LAYOUT, layouts.MMA_SYNC_LAYOUT, 0):
         with pytest.warns(RuntimeWarning, match="permuting on every call"):
             y = w12.linear(x, w.with_layout(lay))
         assert torch.equal(y.view(torch.int16), y2.view(torch.int16)), f"layout {lay}"

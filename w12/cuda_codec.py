@@ -18,7 +18,8 @@ import threading
 import torch
 
 from . import cuda_ops, layouts, reference
-from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, get_layout
+from .format import RECORD_BYTES, TILE_K, TILE_N, Layout, ceil_div
+from .format import convert_layout as format_convert_layout
 from .weight import W12Weight
 
 _ABI_VERSION = 2
@@ -179,9 +180,8 @@ def pack(weight: torch.Tensor) -> W12Weight:
     return W12Weight(records, base, esc_ptr, esc_col, esc_val, shape=shape, layout=0)
 
 
-def _gather_table(src: int, dst: int, device: torch.device) -> torch.Tensor:
-    s, d = get_layout(src), get_layout(dst)
-    key = (src, dst, str(device))
+def _gather_table(s: Layout, d: Layout, device: torch.device) -> torch.Tensor:
+    key = (s.id, d.id, str(device))
     hit = _TABLES.get(key)
     if hit is not None and hit[0] is s and hit[1] is d:
         return hit[2]
@@ -191,27 +191,38 @@ def _gather_table(src: int, dst: int, device: torch.device) -> torch.Tensor:
     return table
 
 
-def convert_layout(records: torch.Tensor, src: int, dst: int) -> torch.Tensor:
-    """Permutes CUDA records ``[..., 12288]`` from layout ``src`` to ``dst`` on the GPU (a new tensor).
+def permute_records(records: torch.Tensor, s: Layout, d: Layout) -> torch.Tensor:
+    """The slot permutation from layout ``s`` to ``d`` (hi bytes and lo nibbles moved together;
+    no regrouping of split layouts, which ``w12.format.convert_layout`` adds) on the GPU."""
+    dev = records.device
+    with torch.cuda.device(dev):
+        table = _gather_table(s, d, dev)
+        out = torch.empty_like(records)
+        num = records.numel() // RECORD_BYTES
+        _launch(
+            f"w12 CUDA convert_layout ({s.id} -> {d.id})",
+            "w12_permute_records",
+            _ptr(records),
+            _ptr(out),
+            num,
+            _ptr(table),
+            _stream(dev),
+        )
+    return out
 
-    Same result as ``w12.format.convert_layout`` byte for byte.
+
+def convert_layout(records: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+    """Moves CUDA records ``[..., 12288]`` from layout ``src`` to ``dst`` on the GPU (a new tensor).
+
+    Same result as ``w12.format.convert_layout`` byte for byte (it is that function, with the
+    records checked first so that errors name this call).
     """
     what = "w12 CUDA convert_layout"
     _require(what, "records", records, torch.uint8)
     if records.dim() < 1 or records.shape[-1] != RECORD_BYTES:
         raise ValueError(f"{what}: records must be uint8 [..., {RECORD_BYTES}], got shape {tuple(records.shape)}")
-    if src == dst:
-        get_layout(src)
-        return records.clone()
-    dev = records.device
-    with torch.cuda.device(dev):
-        table = _gather_table(src, dst, dev)
-        out = torch.empty_like(records)
-        num = records.numel() // RECORD_BYTES
-        _launch(
-            f"{what} ({src} -> {dst})", "w12_permute_records", _ptr(records), _ptr(out), num, _ptr(table), _stream(dev)
-        )
-    return out
+    with torch.cuda.device(records.device):
+        return format_convert_layout(records, src, dst)
 
 
 def unpack(

@@ -48,7 +48,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 7
+_GEMM_ABI = 8
 
 
 def library_path() -> Path:
@@ -85,8 +85,8 @@ def available() -> bool:
 
 
 def kernel_layout(kver: int) -> int:
-    """The record layout GEMM kernel ``kver`` reads: 2 for v4 (wgmma), 1 for v1-v3."""
-    return layouts.WGMMA_LAYOUT if kver == 4 else layouts.MMA_SYNC_LAYOUT
+    """The record layout GEMM kernel ``kver`` reads: 3 for v4 (wgmma, split), 1 for v1-v3."""
+    return layouts.WGMMA_SPLIT_LAYOUT if kver == 4 else layouts.MMA_SYNC_LAYOUT
 
 
 def preferred_layout(device=None) -> int:

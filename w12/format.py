@@ -8,6 +8,11 @@ layout-0 index (``r * 64 + c``) of the element that the layout stores in hi byte
 nibble ``i`` (lo byte ``i // 2``, low nibble for even ``i``). Layout 0 is the identity and is the
 only layout ever written to disk; kernels register their own layouts and the loader permutes
 records into them on the device.
+
+A layout may also be *split* (``Layout.split``): after its slot permutation the record's 12 bits an
+element are regrouped inside each group of 8 slots (``split_record_bits``) so that a kernel decodes
+them with fewer instructions. Like a permutation it moves bits without decoding them, so any layout
+still converts to any other exactly (``w12/layouts.py`` says which kernel reads which).
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ class Layout:
     name: str
     perm: torch.Tensor  # int64 [8192]: slot -> layout-0 element index
     inv: torch.Tensor  # int64 [8192]: layout-0 element index -> slot
+    split: bool = False  # bits regrouped per 8 slots after the permutation (split_record_bits)
 
 
 _LAYOUTS: dict[int, Layout] = {}
 _LOCK = threading.Lock()
 
 
-def register_layout(layout_id: int, name: str, perm: torch.Tensor) -> Layout:
+def register_layout(layout_id: int, name: str, perm: torch.Tensor, split: bool = False) -> Layout:
     """Registers a record layout. ``perm`` must be a permutation of ``range(8192)``."""
     perm = torch.as_tensor(perm, dtype=torch.int64).flatten().cpu()
     if perm.numel() != TILE_ELEMS:
@@ -58,9 +64,9 @@ def register_layout(layout_id: int, name: str, perm: torch.Tensor) -> Layout:
     inv[perm] = torch.arange(TILE_ELEMS)
     with _LOCK:
         old = _LAYOUTS.get(layout_id)
-        if old is not None and not torch.equal(old.perm, perm):
+        if old is not None and (not torch.equal(old.perm, perm) or old.split != split):
             raise ValueError(f"layout id {layout_id} is already registered as {old.name!r}")
-        layout = Layout(layout_id, name, perm, inv)
+        layout = Layout(layout_id, name, perm, inv, bool(split))
         _LAYOUTS[layout_id] = layout
     return layout
 
@@ -93,21 +99,71 @@ def _join_planes(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     return torch.cat((hi, lo_bytes), dim=-1)
 
 
-def convert_layout(records: torch.Tensor, src: int, dst: int) -> torch.Tensor:
-    """Permutes every record from layout ``src`` to layout ``dst`` without decoding.
+def split_record_bits(records: torch.Tensor) -> torch.Tensor:
+    """Planes in slot order -> the split form of a split layout (a new tensor, any device).
 
-    Works on any device (the permutation is a gather); returns a new tensor.
+    For each slot ``i`` the split record's byte ``i`` is the element's BF16 low byte with the
+    fixed offset of the kernels: ``c0 | m`` = ``(hi & 0x0F) << 4 | lo``. The other 4 bits of each
+    element (``s`` and ``c3 c2 c1``, the high nibble of its hi byte) go to bytes ``[8192, 12288)``:
+    one 32-bit word for the 8 slots ``8j .. 8j+7``, at bytes ``8192 + 4j ..``; with ``A_i`` = slot
+    ``8j + i`` and ``B_i`` = slot ``8j + 4 + i`` (``i`` = 0..3), its byte ``i`` is
+    ``s(A_i) << 7 | c(B_((i+1)%4)) << 4 | s(B_i) << 3 | c(A_i)``, where ``c`` = ``c3 c2 c1``.
+    ``kernels_sm120/smxx_w12_decode.cuh`` (decode16_split) says why this arrangement.
+    """
+    hi, lo = _split_planes(records)
+    low = ((hi & 0x0F) << 4) | lo
+    nib = (hi >> 4).unflatten(-1, (-1, 2, 4))  # [..., group j, A/B, i]
+    s, c = nib >> 3, nib & 0x07
+    s_a, c_a, s_b, c_b = s[..., 0, :], c[..., 0, :], s[..., 1, :], c[..., 1, :]
+    n = (s_a << 7) | (c_b.roll(-1, dims=-1) << 4) | (s_b << 3) | c_a
+    return torch.cat((low, n.flatten(-2)), dim=-1)
+
+
+def join_record_bits(records: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``split_record_bits``: split form -> hi and lo planes in slot order."""
+    low = records[..., :HI_BYTES]
+    n = records[..., HI_BYTES:].unflatten(-1, (-1, 4))  # [..., group j, byte i]
+    s_a, c_a = n >> 7, n & 0x07
+    s_b, c_b = (n >> 3) & 0x01, ((n >> 4) & 0x07).roll(1, dims=-1)
+    nib = torch.stack(((s_a << 3) | c_a, (s_b << 3) | c_b), dim=-2).flatten(-3)
+    return _join_planes((nib << 4) | (low >> 4), low & 0x0F)
+
+
+def convert_layout(records: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+    """Moves every record from layout ``src`` to layout ``dst`` without decoding.
+
+    Works on any device (the permutation is a gather, the regrouping of split layouts elementwise
+    integer ops; ``w12.cuda_codec`` permutes with its kernel when it is built); returns a new
+    tensor.
     """
     if records.dtype != torch.uint8 or records.shape[-1] != RECORD_BYTES:
         raise ValueError(f"records must be uint8 [..., {RECORD_BYTES}], got {records.dtype} {tuple(records.shape)}")
+    s, d = get_layout(src), get_layout(dst)
     if src == dst:
         return records.clone()
+    if not (s.split or d.split):
+        return _permute(records, s, d)
+    # The regrouping's integer temporaries are a few times the records' size: a chunk at a time.
+    flat = records.reshape(-1, RECORD_BYTES)
+    out = torch.empty_like(flat)
+    for i in range(0, flat.shape[0], _CHUNK_RECORDS):
+        part = flat[i : i + _CHUNK_RECORDS]
+        part = join_record_bits(part) if s.split else part
+        if not torch.equal(s.perm, d.perm):
+            part = _permute(part.contiguous(), s, d)
+        out[i : i + _CHUNK_RECORDS] = split_record_bits(part) if d.split else part
+    return out.view(records.shape)
+
+
+_CHUNK_RECORDS = 4096  # 48 MB of records
+
+
+def _permute(records: torch.Tensor, s: Layout, d: Layout) -> torch.Tensor:
     if records.is_cuda and records.is_contiguous():
         from . import cuda_codec  # the permutation kernel; imported late to keep format.py a leaf
 
         if cuda_codec.available():
-            return cuda_codec.convert_layout(records, src, dst)
-    s, d = get_layout(src), get_layout(dst)
+            return cuda_codec.permute_records(records, s, d)
     # slot in dst -> layout-0 element -> slot in src
     gather = s.inv[d.perm].to(records.device)
     hi, lo = _split_planes(records)

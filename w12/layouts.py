@@ -18,6 +18,12 @@ ks is column ``16ks + kappa`` (``col = 16ks + 2t + 8*(r >> 1) + h``). The Hopper
 (``kernels_sm90/gemm_w12_wgmma_sm90.cu``) reads its activation operand from shared memory through
 a wgmma descriptor whose 16-byte core-matrix rows are 8 consecutive k: with layout 1 those rows
 gather four column pairs 16 apart (4-byte copies); with layout 2 each is 16 contiguous bytes of x.
+
+Layout 3, ``wgmma_split``: what v4 reads since session 14. Layout 2's registers and columns, but
+byte ``p`` of a thread's 16-byte vector holds register ``R = 8q + p // 2``, half ``p % 2`` (the
+register order itself), and the record is *split* (``w12.format.split_record_bits``): the 16-byte
+vector holds the elements' BF16 low bytes, the 8-byte vector their signs and top exponent bits in
+the arrangement ``decode16_split`` turns into 8 registers with 7 instructions (decode16: 17).
 """
 
 from __future__ import annotations
@@ -30,16 +36,20 @@ MMA_SYNC_LAYOUT = 1
 MMA_SYNC_NAME = "mma_sync_m16n8k16 (4 warps x 32 rows, A fragments contiguous per thread)"
 WGMMA_LAYOUT = 2
 WGMMA_NAME = "wgmma_natural_k (layout 1's slots, MMA k in column order)"
+WGMMA_SPLIT_LAYOUT = 3
+WGMMA_SPLIT_NAME = "wgmma_split (layout 2's registers in register order, bits split per 8 slots)"
 
 
-def _fragment_perm(natural_k: bool) -> torch.Tensor:
+def _fragment_perm(natural_k: bool, register_order: bool = False) -> torch.Tensor:
     i = torch.arange(TILE_ELEMS)
     w, rem = i // 2048, i % 2048
     q, rem = rem // 512, rem % 512
     lane, e = rem // 16, rem % 16
     g, t = lane // 4, lane % 4
-    reg = 8 * q + 2 * (e // 4) + (e & 1)
-    h = (e >> 1) & 1
+    if register_order:  # the split decode's order: byte e is register e // 2, half e % 2
+        reg, h = 8 * q + e // 2, e & 1
+    else:  # decode16's order: elements (0, 2) and (1, 3) of each hi word share a register
+        reg, h = 8 * q + 2 * (e // 4) + (e & 1), (e >> 1) & 1
     mt, ks, r = reg // 16, (reg % 16) // 4, reg % 4
     row = 32 * w + 16 * mt + g + 8 * (r & 1)
     if natural_k:
@@ -59,5 +69,11 @@ def wgmma_perm() -> torch.Tensor:
     return _fragment_perm(natural_k=True)
 
 
+def wgmma_split_perm() -> torch.Tensor:
+    """``perm[slot]`` = layout-0 index ``row * 64 + col`` of layout 3 (int64 [8192])."""
+    return _fragment_perm(natural_k=True, register_order=True)
+
+
 register_layout(MMA_SYNC_LAYOUT, MMA_SYNC_NAME, mma_sync_perm())
 register_layout(WGMMA_LAYOUT, WGMMA_NAME, wgmma_perm())
+register_layout(WGMMA_SPLIT_LAYOUT, WGMMA_SPLIT_NAME, wgmma_split_perm(), split=True)
