@@ -17,20 +17,21 @@ extern "C" {
 
 // Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
 // 5: v4 reads layout 2 (w12_gemm_kernel_layout). 6: w12_gemm_v4_ready. 7: w12_gemm_splits takes
-// the kernel. 8: v4 reads layout 3 (split, decode16_split).
+// the kernel. 8: v4 reads layout 3, v1-v3 layout 4 (split records, decode16_split).
 int w12_gemm_abi_version(void) { return 8; }
 
 // 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
 // sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
 int w12_gemm_v4_ready(void) { return static_cast<int>(w12::wgmma_image_check()); }
 
-// The record layout the portable GEMM kernels (v1-v3) read (layout 1 in w12/layouts.py).
-int w12_gemm_record_layout(void) { return 1; }
+// The record layout the portable GEMM kernels (v1-v3) read (layout 4 in w12/layouts.py: layout
+// 1's fragments, split).
+int w12_gemm_record_layout(void) { return 4; }
 
 // The record layout GEMM kernel `kernel` (1-4) reads: v4 (wgmma) takes its activation tile in
 // column order, so its records put MMA k in column order too, and split (layout 3,
 // w12/layouts.py: the decode in 7 instructions per 8 weights).
-int w12_gemm_kernel_layout(int kernel) { return kernel == 4 ? 3 : 1; }
+int w12_gemm_kernel_layout(int kernel) { return kernel == 4 ? 3 : 4; }
 
 // Number of K slices kernel 1 (v1) or 4 (v4) uses for an (N, K) weight (a function of N, K,
 // target_ctas, the device's SM count and the kernel only); 0 for any other kernel.
@@ -57,7 +58,7 @@ int w12_gemm_counters(int n, int k, int target_ctas, int kernel) {
 }
 
 // y[M, ldy] (BF16) = x[M, ldx] (BF16) . W^T (+ bias, FP32), W given by its W12 tensors with
-// records in layout 1. x must be zero in columns K .. ceil(K/64)*64 (the caller pads).
+// records in layout 4 (v4: layout 3). x must be zero in columns K .. ceil(K/64)*64 (the caller pads).
 // counters: >= w12_gemm_counters() ints, zero before the first call, left zero after each call;
 // one counter array must not be used by two calls running concurrently.
 int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, const void* esc_ptr,

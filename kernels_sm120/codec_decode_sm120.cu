@@ -156,9 +156,9 @@ uint32_t threads_per_row(int variant, int k) {
   return uint32_t(32 * ((octets + 63) / 64));
 }
 
-// Layout-1 records (the GEMM's order, smxx_w12_decode.cuh) straight to BF16, so the prefill
-// fallback of w12.linear (decode + cuBLAS at M > 64) no longer permutes every record back to
-// layout 0 first: that was a second full read and write of the records per call.
+// Layout-4 records (the portable GEMM's order, split: smxx_w12_decode.cuh) straight to BF16, so
+// the prefill fallback of w12.linear (decode + cuBLAS at M > 64) does not move every record back
+// to layout 0 first: that was a second full read and write of the records per call.
 // A thread takes the GEMM's fragment of one record (warp w, lane 4g + t): 4 hi vectors of 16
 // bytes and 4 lo vectors of 8, i.e. rows 32w + {g, g+8, g+16, g+24}, columns 16t .. 16t+15, and
 // decodes them exactly as the GEMM does (fixed offset E0), then moves each half-word's exponent
@@ -166,7 +166,7 @@ uint32_t threads_per_row(int variant, int k) {
 // columns are 32 contiguous output bytes; a warp's pair of 16-byte stores covers 128 bytes of 8 rows.
 template <bool kVecOut>
 __global__ void __launch_bounds__(kThreads)
-    decode_l1_kernel(const uint8_t* __restrict__ records, const uint8_t* __restrict__ base,
+    decode_l4_kernel(const uint8_t* __restrict__ records, const uint8_t* __restrict__ base,
                      const int32_t* __restrict__ esc_ptr, const int32_t* __restrict__ esc_col,
                      const int16_t* __restrict__ esc_val, int32_t nnz, int64_t num_records, int n, int k, int nt,
                      int kt, uint16_t* __restrict__ out) {
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int q = 0; q < 4; ++q) {
     const uint4 h = __ldg(reinterpret_cast<const uint4*>(src + 2048 * w + 512 * q + 16 * lane));
     const uint2 l = __ldg(reinterpret_cast<const uint2*>(src + kHiBytes + 1024 * w + 256 * q + 8 * lane));
-    w12::decode16(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(n) >> 31));  // see decode16
+    w12::decode16_split(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(n) >> 31));  // see decode16
   }
   const int c0 = ktile * kTileK + 16 * t;
 #pragma unroll
@@ -262,7 +262,7 @@ cudaError_t launch_decode(const uint8_t* records, const uint8_t* base, const int
   return cudaSuccess;
 }
 
-cudaError_t launch_decode_layout1(const uint8_t* records, const uint8_t* base, const int32_t* esc_ptr,
+cudaError_t launch_decode_layout4(const uint8_t* records, const uint8_t* base, const int32_t* esc_ptr,
                                   const int32_t* esc_col, const int16_t* esc_val, int64_t nnz, int64_t mats, int n,
                                   int k, uint16_t* out, cudaStream_t stream) {
   if (mats <= 0 || n <= 0 || k <= 0 || nnz < 0 || nnz > 0x7FFFFFFF || mats * n >= 0x7FFFFFFF)
@@ -273,10 +273,10 @@ cudaError_t launch_decode_layout1(const uint8_t* records, const uint8_t* base, c
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const bool vec = (k % 8 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
   if (vec)
-    decode_l1_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(records, base, esc_ptr, esc_col, esc_val,
+    decode_l4_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(records, base, esc_ptr, esc_col, esc_val,
                                                                        int32_t(nnz), num_records, n, k, nt, kt, out);
   else
-    decode_l1_kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(records, base, esc_ptr, esc_col, esc_val,
+    decode_l4_kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(records, base, esc_ptr, esc_col, esc_val,
                                                                         int32_t(nnz), num_records, n, k, nt, kt, out);
   return cudaGetLastError();
 }

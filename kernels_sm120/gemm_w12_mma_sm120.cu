@@ -4,7 +4,7 @@
 // - y^T = W x^T: a 128x64 weight record is the A operand of mma.m16n8k16 (row-major, from
 //   registers), the tokens are the MMA's n (8 per MMA), so 1..64 token rows waste little.
 // - One CTA = 4 warps = one 128-row tile and a fixed slice of its K tiles. Each warp decodes its
-//   32 rows of a record straight into A fragments (layout 1, smxx_w12_decode.cuh): no shared
+//   32 rows of a record straight into A fragments (layout 4, smxx_w12_decode.cuh): no shared
 //   memory round trip for decoded weights.
 // - Records and the activation tile of each K step stream through a STAGES-deep cp.async ring.
 //   Every thread copies exactly the record bytes it later decodes, so the weights need no
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     for (int q = 0; q < 2 * MTW; ++q) {
       const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
       const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
-      decode16(h, l, a + 8 * q, k38);
+      decode16_split(h, l, a + 8 * q, k38);
     }
     // Activation fragments for JG token chunks at a time, then k-step outer: consecutive MMAs
     // go to MTW*JG different accumulators, so one accumulator's MMA latency chain is covered

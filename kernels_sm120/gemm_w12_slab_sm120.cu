@@ -1,6 +1,6 @@
 // W12 GEMM v3: row slabs with the K-split inside the CTA (sm_80, sm_90, sm_120a).
 // y[M, N] = x[M, K] W[N, K]^T computed as y^T = W x^T, the decoded record the A operand of
-// mma.m16n8k16 straight from registers (layout 1, smxx_w12_decode.cuh), tokens the MMA's n.
+// mma.m16n8k16 straight from registers (layout 4, smxx_w12_decode.cuh), tokens the MMA's n.
 //
 // Why this kernel (measurements in docs/perf-notes.md): v1 and v2 split K across CTAs and paid
 // 3-7 us per launch for the cross-CTA reduction (global partials + fence + ticket, or the v2
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
   if (!(p.diag & 128)) pdl_launch_dependents();  // bit 128: trigger after the main loop instead
 
   // Stage j of this warp = record kb + j % len of slab blockIdx.x + (j / len) * G: its share of
-  // the record's quarter (hi then lo bytes, as layout 1 stores them) and the activation columns.
+  // the record's quarter (low bytes then N words, as layout 4 stores them) and the activation columns.
   const int total = nmine * len;
   auto load_w = [&](int slot, int slab, int i) {
     const uint8_t* rec = p.records + ((int64_t)(slab >> 2) * p.KT + kb + i) * kRec;
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(Geo<H>::kThreads, 1) gemm_w12_slab_kernel(cons
       for (int q = 0; q < 2 * MT; ++q) {
         const uint4 hv = *reinterpret_cast<const uint4*>(st + q * 512 + lane * 16);
         const uint2 lv = *reinterpret_cast<const uint2*>(st + G_::kHi + q * 256 + lane * 8);
-        decode16(hv, lv, a + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
+        decode16_split(hv, lv, a + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
       }
       mma_record<NCH, MT, kXRow>(acc, a, st + G_::kW, g, t, g < p.xrows);  // rows past M: zero (NCH = 1)
     }

@@ -1,6 +1,6 @@
 // W12 GEMM v2: warp-specialised, persistent stream-K (sm_80, sm_90, sm_120a).
 // y[M, N] = x[M, K] W[N, K]^T, computed as y^T = W x^T like v1 (gemm_w12_mma_sm120.cu): a 128x64
-// record is the A operand of mma.m16n8k16 decoded straight into registers (layout 1,
+// record is the A operand of mma.m16n8k16 decoded straight into registers (layout 4,
 // smxx_w12_decode.cuh), tokens are the MMA's n.
 //
 // What changed against v1 and why (measurements in docs/perf-notes.md):
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_sk_kernel(const SKParams
     return;
   }
 
-  // ---- consumers: warp w owns rows 32w..32w+31 of each record (layout 1) -------------------------
+  // ---- consumers: warp w owns rows 32w..32w+31 of each record (layout 4) -------------------------
   const int g = lane >> 2, t = lane & 3;
   const uint32_t hi_off = warp * 2048 + lane * 16, lo_off = 8192 + warp * 1024 + lane * 8;
   int stage = 0;
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_w12_sk_kernel(const SKParams
         for (int q = 0; q < 4; ++q) {
           const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
           const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
-          decode16(h, l, a + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
+          decode16_split(h, l, a + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
         }
         mma_record<NCH, 2, kXRow>(acc, a, st + kRec, g, t, true);
       }

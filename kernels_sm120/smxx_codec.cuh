@@ -44,7 +44,7 @@ __host__ __device__ __forceinline__ uint32_t decode_pair_8bit(uint32_t hp, uint3
 }
 
 // Host-side launchers (each defined next to its kernels; C ABI wrappers in csrc/codec_api.cu).
-cudaError_t launch_decode_layout1(const uint8_t* records, const uint8_t* base, const int32_t* esc_ptr,
+cudaError_t launch_decode_layout4(const uint8_t* records, const uint8_t* base, const int32_t* esc_ptr,
                                   const int32_t* esc_col, const int16_t* esc_val, int64_t nnz, int64_t mats, int n,
                                   int k, uint16_t* out, cudaStream_t stream);
 // All return a cudaError_t value; none synchronises.

@@ -27,7 +27,7 @@ __device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e
   return v;
 }
 
-// The MMAs of one decoded record share: a[16*MT] A fragments (MT m-tiles of 16 rows, layout 1)
+// The MMAs of one decoded record share: a[16*MT] A fragments (MT m-tiles of 16 rows, layout 4)
 // times the activation tile at `xt` (token rows of kXRowPitch bytes, 64 BF16 columns each) into
 // acc[MT][NCH][4]. Tokens are the MMA's n in chunks of 8; `xrows_ok` false zeroes this lane's
 // token row (rows past M that the stage does not hold, NCH = 1 only). k-step outer, so consecutive

@@ -1,5 +1,6 @@
-// Shared W12 device code: record layout 1 (the mma.sync fragment order), the register decode
-// with a fixed exponent offset, and the small PTX wrappers the GEMM kernels use.
+// Shared W12 device code: record layout 1 (the mma.sync fragment order) and its split form (layouts
+// 3 and 4, what the GEMM kernels read since session 14), the register decodes with a fixed exponent
+// offset, and the small PTX wrappers the GEMM kernels use.
 //
 // Portable sm_80+ (mma.sync, cp.async); usable from the sm_90a Hopper kernels too. Torch-free.
 //

@@ -172,7 +172,7 @@ def emulate_record_gemm(record: np.ndarray, base: np.ndarray, x: np.ndarray, lay
                         A[row, kk], A[row, kk + 1] = v0, v1
                     # activation words the thread loads: cols 16t .. 16t+15, word 2ks -> b0, 2ks+1 -> b1
                     for n in range(g, T, 8):
-                        if layout == 1:
+                        if layout in (layouts.MMA_SYNC_LAYOUT, layouts.MMA_SYNC_SPLIT_LAYOUT):
                             cols = 16 * t + 4 * ks + np.array([0, 1, 2, 3])
                         else:
                             cols = 16 * ks + 2 * t + np.array([0, 1, 8, 9])
@@ -183,10 +183,12 @@ def emulate_record_gemm(record: np.ndarray, base: np.ndarray, x: np.ndarray, lay
     return out * scale[:, None]
 
 
-def test_layout1_registered_and_a_permutation():
-    lay = get_layout(layouts.MMA_SYNC_LAYOUT)
-    assert torch.equal(torch.sort(lay.perm).values, torch.arange(8192))
-    assert cuda_ops.preferred_layout() == layouts.MMA_SYNC_LAYOUT
+def test_kernel_layouts_registered_and_permutations():
+    for lid in range(1, 5):
+        lay = get_layout(lid)
+        assert torch.equal(torch.sort(lay.perm).values, torch.arange(8192))
+        assert lay.split == (lid >= 3)
+    assert cuda_ops.preferred_layout() == layouts.MMA_SYNC_SPLIT_LAYOUT
     assert cuda_ops.preferred_layout("cpu") == 0
 
 
@@ -194,10 +196,15 @@ def test_v4_prefers_layout3(monkeypatch):
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     assert cuda_ops.preferred_layout() == layouts.WGMMA_SPLIT_LAYOUT
     assert cuda_ops.preferred_layout("cpu") == 0
-    assert [cuda_ops.kernel_layout(v) for v in (1, 2, 3, 4)] == [1, 1, 1, 3]
+    assert [cuda_ops.kernel_layout(v) for v in (1, 2, 3, 4)] == [4, 4, 4, 3]
 
 
-KERNEL_LAYOUTS = [layouts.MMA_SYNC_LAYOUT, layouts.WGMMA_LAYOUT, layouts.WGMMA_SPLIT_LAYOUT]
+KERNEL_LAYOUTS = [
+    layouts.MMA_SYNC_LAYOUT,
+    layouts.WGMMA_LAYOUT,
+    layouts.WGMMA_SPLIT_LAYOUT,
+    layouts.MMA_SYNC_SPLIT_LAYOUT,
+]
 
 
 @pytest.mark.parametrize("layout", KERNEL_LAYOUTS)
@@ -317,7 +324,7 @@ def test_cuda_sources_compile(tmp_path):
     assert out.returncode == 0, out.stderr + out.stdout
     so = ctypes.CDLL(str(tmp_path / "libw12.so"))
     so.w12_gemm_splits.restype = ctypes.c_int
-    assert so.w12_gemm_record_layout() == layouts.MMA_SYNC_LAYOUT
+    assert so.w12_gemm_record_layout() == layouts.MMA_SYNC_SPLIT_LAYOUT
     assert [so.w12_gemm_kernel_layout(v) for v in (1, 2, 3, 4)] == [cuda_ops.kernel_layout(v) for v in (1, 2, 3, 4)]
     # The split is a function of (N, K, target CTAs, SMs, kernel) only, covers K without empty slices.
     shapes = [(4096, 4096), (28672, 4096), (4096, 14336), (100, 70), (6144, 4096), (128256, 4096), (10240, 5120)]

@@ -30,8 +30,8 @@ def _all_kernels():
 
 
 KERNELS = _all_kernels()
-# The layout the default kernel (auto) reads here: 3 where auto runs v4 (sm_90), else 1.
-DEFAULT_LAYOUT = cuda_ops.preferred_layout(DEV) if torch.cuda.is_available() else 1
+# The layout the default kernel (auto) reads here: 3 where auto runs v4 (sm_90), else 4.
+DEFAULT_LAYOUT = cuda_ops.preferred_layout(DEV) if torch.cuda.is_available() else 4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -298,7 +298,7 @@ def test_splits_do_not_depend_on_m():
     s = cuda_ops.splits(4096, 4096, DEV)
     assert 2 <= s <= 8
     assert cuda_ops.splits(128256, 4096, DEV) == 1
-    want = layouts.WGMMA_SPLIT_LAYOUT if "v4" in KERNELS else layouts.MMA_SYNC_LAYOUT
+    want = layouts.WGMMA_SPLIT_LAYOUT if "v4" in KERNELS else layouts.MMA_SYNC_SPLIT_LAYOUT
     assert cuda_ops.preferred_layout(DEV) == want  # auto runs v4 on sm_90, v1/v2 elsewhere
 
 

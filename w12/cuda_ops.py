@@ -85,15 +85,15 @@ def available() -> bool:
 
 
 def kernel_layout(kver: int) -> int:
-    """The record layout GEMM kernel ``kver`` reads: 3 for v4 (wgmma, split), 1 for v1-v3."""
-    return layouts.WGMMA_SPLIT_LAYOUT if kver == 4 else layouts.MMA_SYNC_LAYOUT
+    """The record layout GEMM kernel ``kver`` reads: 3 for v4 (wgmma), 4 for v1-v3 (both split)."""
+    return layouts.WGMMA_SPLIT_LAYOUT if kver == 4 else layouts.MMA_SYNC_SPLIT_LAYOUT
 
 
 def preferred_layout(device=None) -> int:
     """The record layout the CUDA GEMM reads on ``device`` (default: the current GPU); 0 off CUDA.
 
-    Layout 2 where the wgmma kernel runs (``W12_GEMM_KERNEL=v4``, or ``auto`` on sm_90), else
-    layout 1. Loaders store records in this layout, so set the variable before loading a model;
+    Layout 3 where the wgmma kernel runs (``W12_GEMM_KERNEL=v4``, or ``auto`` on sm_90), else
+    layout 4 (``w12.layouts``). Loaders store records in this layout, so set the variable before loading a model;
     records in another layout still work, permuted on every call (a warning says so).
     """
     if device is not None and torch.device(device).type != "cuda":
@@ -101,7 +101,7 @@ def preferred_layout(device=None) -> int:
     raw = os.environ.get("W12_GEMM_KERNEL", "auto")
     if raw == "v4" or (raw == "auto" and _auto_takes_v4(device)):
         return kernel_layout(4)
-    return layouts.MMA_SYNC_LAYOUT
+    return layouts.MMA_SYNC_SPLIT_LAYOUT
 
 
 def _device_index(device) -> int:

@@ -1,7 +1,8 @@
 """Record layouts of the W12 GPU kernels, registered with ``w12.format`` at import.
 
 Layout 1, ``mma_sync_m16n8k16``: the order in which the portable GEMM kernel
-(``kernels_sm120/gemm_w12_mma_sm120.cu``) consumes a record. It is defined by the formulas below
+(``kernels_sm120/gemm_w12_mma_sm120.cu``) consumed a record until session 14 (it reads layout 4
+now, layout 1's registers split). It is defined by the formulas below
 and, identically, in ``kernels_sm120/smxx_w12_decode.cuh``; ``tests/test_gemm_cpu.py`` checks the
 two against each other by emulating the kernel's bit operations.
 
@@ -19,11 +20,12 @@ ks is column ``16ks + kappa`` (``col = 16ks + 2t + 8*(r >> 1) + h``). The Hopper
 a wgmma descriptor whose 16-byte core-matrix rows are 8 consecutive k: with layout 1 those rows
 gather four column pairs 16 apart (4-byte copies); with layout 2 each is 16 contiguous bytes of x.
 
-Layout 3, ``wgmma_split``: what v4 reads since session 14. Layout 2's registers and columns, but
-byte ``p`` of a thread's 16-byte vector holds register ``R = 8q + p // 2``, half ``p % 2`` (the
-register order itself), and the record is *split* (``w12.format.split_record_bits``): the 16-byte
-vector holds the elements' BF16 low bytes, the 8-byte vector their signs and top exponent bits in
-the arrangement ``decode16_split`` turns into 8 registers with 7 instructions (decode16: 17).
+Layouts 3 and 4, ``wgmma_split`` and ``mma_sync_split``: what v4 and v1-v3 read since session
+14. Layout 2's (3) or layout 1's (4) registers and columns, but byte ``p`` of a thread's 16-byte
+vector holds register ``R = 8q + p // 2``, half ``p % 2`` (the register order itself), and the
+record is *split* (``w12.format.split_record_bits``): the 16-byte vector holds the elements' BF16
+low bytes, the 8-byte vector their signs and top exponent bits in the arrangement
+``decode16_split`` turns into 8 registers with 7 instructions (decode16: 17).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ MMA_SYNC_NAME = "mma_sync_m16n8k16 (4 warps x 32 rows, A fragments contiguous pe
 WGMMA_LAYOUT = 2
 WGMMA_NAME = "wgmma_natural_k (layout 1's slots, MMA k in column order)"
 WGMMA_SPLIT_LAYOUT = 3
+MMA_SYNC_SPLIT_LAYOUT = 4
+MMA_SYNC_SPLIT_NAME = "mma_sync_split (layout 1's registers in register order, bits split per 8 slots)"
 WGMMA_SPLIT_NAME = "wgmma_split (layout 2's registers in register order, bits split per 8 slots)"
 
 
@@ -69,6 +73,11 @@ def wgmma_perm() -> torch.Tensor:
     return _fragment_perm(natural_k=True)
 
 
+def mma_sync_split_perm() -> torch.Tensor:
+    """``perm[slot]`` = layout-0 index ``row * 64 + col`` of layout 4 (int64 [8192])."""
+    return _fragment_perm(natural_k=False, register_order=True)
+
+
 def wgmma_split_perm() -> torch.Tensor:
     """``perm[slot]`` = layout-0 index ``row * 64 + col`` of layout 3 (int64 [8192])."""
     return _fragment_perm(natural_k=True, register_order=True)
@@ -77,3 +86,4 @@ def wgmma_split_perm() -> torch.Tensor:
 register_layout(MMA_SYNC_LAYOUT, MMA_SYNC_NAME, mma_sync_perm())
 register_layout(WGMMA_LAYOUT, WGMMA_NAME, wgmma_perm())
 register_layout(WGMMA_SPLIT_LAYOUT, WGMMA_SPLIT_NAME, wgmma_split_perm(), split=True)
+register_layout(MMA_SYNC_SPLIT_LAYOUT, MMA_SYNC_SPLIT_NAME, mma_sync_split_perm(), split=True)
