@@ -279,15 +279,19 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     and for v1 at <= 16 tokens where K is cut into >= 4 slices (qkv, o, down: short CTAs whose
     start-up then overlaps the previous reduce kernel; -2..6 % at M = 1..16); off for v1's
     long-CTA grids (gate_up, lm_head: no gain) and above 16 tokens (qkv +10 % at 32, down +20 %
-    at 64). v4 follows v1's rule, its CTAs capped per SM (session 9). Timing only: the bits never
-    change. v2 has none.
+    at 64). v4 follows v1's rule, its CTAs capped per SM (session 9), and since session 14 also
+    takes it at 33-64 tokens (qkv, o, down -0.5..0.65 us at 64; at 32 tokens it lost up to 3 %).
+    Timing only: the bits never change. v2 has none.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
     if raw not in ("auto", "0", "1"):
         raise ValueError(f"W12_GEMM_PDL={raw!r} must be auto, 0 or 1")
     if raw != "auto":
         return raw == "1"
-    return kver == 3 or (kver in (1, 4) and m <= 16 and splits(n, k, device, kver) >= 4)
+    if kver == 3:
+        return True
+    in_band = m <= 16 or (kver == 4 and 32 < m <= 64)
+    return kver in (1, 4) and in_band and splits(n, k, device, kver) >= 4
 
 
 @functools.lru_cache(maxsize=4096)
