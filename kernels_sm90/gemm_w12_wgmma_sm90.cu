@@ -7,10 +7,11 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 13 (docs/perf-notes.md,
-// gemm_h200_s13_final.json): Llama geomean 1.26 / 1.24 / 1.19 / 1.01 / 0.74 of cuBLAS at 1 / 16 /
-// 32 / 64 / 128 tokens (v1 in the same call 1.28 / 1.25 / 1.13 / 0.94 / -); decode-step graph
-// set 0.80 (v1 0.82). Session 13's shared-memory epilogue took 64 / 128 tokens from 0.97 / 0.69
+// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 14 (docs/perf-notes.md,
+// gemm_h200_s14_final.json): Llama geomean 1.28 / 1.25 / 1.22 / 1.08 / 0.77 of cuBLAS at 1 / 16 /
+// 32 / 64 / 128 tokens (v1 in the same call 1.27 / 1.26 / 1.16 / 0.95 / -); decode-step graph
+// set 0.78 (v1 0.79). Session 14's split layout (decode16_split) took 64 tokens from 0.99 to 1.05
+// in a same-call A/B, session 13's shared-memory epilogue 64 / 128 tokens from 0.97 / 0.69
 // (session 12); sessions 11-12 took 1 / 16 tokens from 1.21 / 1.08 (session 10). Its bits differ
 // from v1's (about 2-4e-4 of the
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every
