@@ -58,6 +58,7 @@ constexpr int kMaxTokens = kWgmmaMaxTokens;  // 128: one pass for 65..128 tokens
 constexpr int kThreads = 128;  // one warpgroup
 constexpr int kOneWarpgroup = 1 << 19;  // diagnostic 524288 (v1's "never 8-warp CTAs"): WG = 1
 constexpr int kRowPairs = 1 << 18;      // diagnostic 262144: WG = 4, two row tiles per CTA
+constexpr int kNoRowPairs = 8;          // diagnostic 8: one row tile per CTA at 65..128 tokens too
 
 struct WParams : GemmOperands {
   int M, N, KT, S, kper;
@@ -680,7 +681,9 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // [5120, 25600] 102 -> 94, gate_up 105 -> 102, but qkv (8 records per CTA) 32.4 -> 36.5; at
     // 32 and 64 tokens slower on most shapes (lm_head 205 -> 232 us at 32).
     int wg = (a.flags & kOneWarpgroup) && nch <= 8 ? 1 : 2;
-    if (((a.flags & kRowPairs) && nch >= 4) || (nch == 16 && p.kper >= 16)) wg = 4;
+    // Diagnostic 8 keeps single row tiles at 65..128 tokens (session 14: gate_up's 112 pair CTAs
+    // leave 20 of 132 SMs idle).
+    if (((a.flags & kRowPairs) && nch >= 4) || (nch == 16 && p.kper >= 16 && !(a.flags & kNoRowPairs))) wg = 4;
     const int rt = wg == 4 ? 2 : 1;
     const int grid = (nt + rt - 1) / rt * p.S;
     // The overlap form (decode of record i+1 behind record i's wgmma): diagnostic 64 up to 64
