@@ -186,6 +186,12 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=20, help="timed repetitions; the median is reported (default 20)")
     p.add_argument("--refcheck-mb", type=int, default=16, help="compare pack with the CPU reference up to this size")
     p.add_argument("--rotate-mb", type=int, default=256, help="rotate input buffers until they total this many MiB")
+    p.add_argument(
+        "--layout",
+        type=int,
+        default=None,
+        help="layout the permute row moves records into (default: the lowest kernel layout)",
+    )
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "codec_h200.json"), help="JSON output")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -194,7 +200,7 @@ def main(argv=None) -> int:
     if not cuda_codec.available():
         print("error: the w12 CUDA codec kernels are not built (python csrc/build.py)", file=sys.stderr)
         return 1
-    layout = pick_layout()
+    layout = pick_layout() if a.layout is None else a.layout
     sizes = [int(s) for s in a.sizes_mb.split(",") if s.strip()]
     results = []
     t0 = time.time()

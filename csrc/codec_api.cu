@@ -12,6 +12,7 @@
 extern "C" {
 
 // Version of this ABI; w12/cuda_codec.py refuses a library whose version it does not know.
+// 3 (session 14): w12_decode_layout4 replaces w12_decode_layout1; w12_permute_records takes split.
 int w12_codec_abi_version(void) { return 3; }
 
 // Pass 1 of the encoder: per row of w ([rows, k] BF16 bit patterns) the base (uint8) and the
@@ -51,10 +52,12 @@ int w12_decode_layout4(const void* records, const void* base, const void* esc_pt
 }
 
 // dst record i slot s = src record i slot gather[s] (both planes), for num_records records.
-int w12_permute_records(const void* src, void* dst, int64_t num_records, const void* gather, void* stream) {
+// split: bit 0 = the source is in split form, bit 1 = write the split form (w12.format.Layout.split).
+int w12_permute_records(const void* src, void* dst, int64_t num_records, const void* gather, int split,
+                        void* stream) {
   return int(w12codec::launch_permute_records(static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst),
-                                              num_records, static_cast<const int16_t*>(gather),
-                                              static_cast<cudaStream_t>(stream)));
+                                              num_records, static_cast<const int16_t*>(gather), (split & 1) != 0,
+                                              (split & 2) != 0, static_cast<cudaStream_t>(stream)));
 }
 
 // Name of a cudaError_t value, for error messages raised in Python.

@@ -60,6 +60,6 @@ cudaError_t launch_decode(const uint8_t* records, const uint8_t* base, const int
 // each variant is; the bench times both).
 constexpr int kDefaultDecodeVariant = 1;
 cudaError_t launch_permute_records(const uint8_t* src, uint8_t* dst, int64_t num_records, const int16_t* gather,
-                                   cudaStream_t stream);
+                                   bool src_split, bool dst_split, cudaStream_t stream);
 
 }  // namespace w12codec

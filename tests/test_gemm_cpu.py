@@ -103,6 +103,53 @@ def test_decode16_split_every_code():
         assert torch.equal(join_record_bits(torch.from_numpy(split)), full)
 
 
+def _rot8(v, left):
+    return (
+        ((v << np.uint64(8)) | (v >> np.uint64(24))) if left else ((v >> np.uint64(8)) | (v << np.uint64(24)))
+    ) & M32
+
+
+def _spread(n):
+    return (n & 0xF) | ((n & 0xF0) << 4) | ((n & 0xF00) << 8) | ((n & 0xF000) << 12)
+
+
+def _pack(x):
+    return (x & 0xF) | ((x >> 4) & 0xF0) | ((x >> 8) & 0xF00) | ((x >> 12) & 0xF000)
+
+
+def test_permute_kernel_word_transforms_match_format(rng):
+    """kernels_sm120/codec_layout_sm120.cu's split_chunk / join_chunk (emulated word for word on
+    each thread's 16 hi bytes and 8 lo bytes) give w12.format's split_record_bits / join_record_bits."""
+    rec = torch.randint(0, 256, (3, RECORD_BYTES), dtype=torch.uint8, generator=rng)
+    h = _words(rec[:, :8192].numpy().reshape(3, 512, 16))  # [rec, thread, 4]
+    lw = _words(rec[:, 8192:].numpy().reshape(3, 512, 8))  # [rec, thread, 2]
+    u = np.uint64
+    sh, sl = h.copy(), lw.copy()
+    for g in range(2):
+        a, b, nib = h[..., 2 * g], h[..., 2 * g + 1], lw[..., g]
+        sl[..., g] = (a & u(0x80808080)) | ((a >> u(4)) & u(0x07070707)) | ((b >> u(4)) & u(0x08080808))
+        sl[..., g] |= _rot8(b, left=False) & u(0x70707070)
+        sh[..., 2 * g] = (((a & u(0x0F0F0F0F)) << u(4)) | _spread(nib & u(0xFFFF))) & M32
+        sh[..., 2 * g + 1] = (((b & u(0x0F0F0F0F)) << u(4)) | _spread(nib >> u(16))) & M32
+
+    def to_bytes(hw, lw_):
+        hb = (hw[..., None] >> (u(8) * np.arange(4, dtype=np.uint64))) & u(0xFF)
+        lb = (lw_[..., None] >> (u(8) * np.arange(4, dtype=np.uint64))) & u(0xFF)
+        return torch.from_numpy(np.concatenate([hb.reshape(3, -1), lb.reshape(3, -1)], axis=1).astype(np.uint8))
+
+    split = to_bytes(sh, sl)
+    assert torch.equal(split, split_record_bits(rec))
+    jh, jl = sh.copy(), sl.copy()
+    for g in range(2):
+        la, lb, n = sh[..., 2 * g], sh[..., 2 * g + 1], sl[..., g]
+        jh[..., 2 * g] = (n & u(0x80808080)) | ((n & u(0x07070707)) << u(4)) | ((la >> u(4)) & u(0x0F0F0F0F))
+        jh[..., 2 * g + 1] = ((n & u(0x08080808)) << u(4)) | (_rot8(n, left=True) & u(0x70707070))
+        jh[..., 2 * g + 1] |= (lb >> u(4)) & u(0x0F0F0F0F)
+        jl[..., g] = _pack(la & u(0x0F0F0F0F)) | (_pack(lb & u(0x0F0F0F0F)) << u(16))
+    assert torch.equal(to_bytes(jh, jl), rec)
+    assert torch.equal(join_record_bits(split), rec)
+
+
 def test_decode_pair_every_code():
     """Every (hi byte, nibble) in every position of a pair decodes to s<<15 | (c+E0)<<7 | m."""
     h = np.arange(256, dtype=np.uint64)

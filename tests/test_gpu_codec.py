@@ -263,10 +263,12 @@ def test_convert_layout_matches_cpu_and_round_trips(kernels, layouts, shape):
         assert_equal_bits(fwd, cpu_convert_layout(rec, 0, lay), f"layout 0 -> {lay} ({get_layout(lay).name})")
         back = cuda_codec.convert_layout(fwd, lay, 0)
         assert_equal_bits(back, rec, f"layout {lay} -> 0 round trip")
-    if len(layouts) >= 2:  # between two non-reference layouts directly
-        a, b = layouts[0], layouts[1]
-        got = cuda_codec.convert_layout(cuda_codec.convert_layout(rec.cuda(), 0, a), a, b)
-        assert_equal_bits(got, cpu_convert_layout(rec, 0, b), f"layout {a} -> {b}")
+    for a in layouts:  # between two non-reference layouts directly (split or not on either side)
+        mid = cuda_codec.convert_layout(rec.cuda(), 0, a)
+        for b in layouts:
+            if b != a:
+                got = cuda_codec.convert_layout(mid, a, b)
+                assert_equal_bits(got, cpu_convert_layout(rec, 0, b), f"layout {a} -> {b}")
 
 
 @gpu

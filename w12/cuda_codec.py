@@ -46,7 +46,7 @@ _SIGNATURES = {
         _P,
         _P,
     ],
-    "w12_permute_records": [_P, _P, ctypes.c_int64, _P, _P],
+    "w12_permute_records": [_P, _P, ctypes.c_int64, _P, ctypes.c_int, _P],
     "w12_decode_layout4": [_P, _P, _P, _P, _P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, _P, _P],
 }
 
@@ -192,8 +192,8 @@ def _gather_table(s: Layout, d: Layout, device: torch.device) -> torch.Tensor:
 
 
 def permute_records(records: torch.Tensor, s: Layout, d: Layout) -> torch.Tensor:
-    """The slot permutation from layout ``s`` to ``d`` (hi bytes and lo nibbles moved together;
-    no regrouping of split layouts, which ``w12.format.convert_layout`` adds) on the GPU."""
+    """Contiguous CUDA records from layout ``s`` to ``d`` in one kernel: the slot permutation, with
+    the split form undone before it (``s.split``) and applied after it (``d.split``)."""
     dev = records.device
     with torch.cuda.device(dev):
         table = _gather_table(s, d, dev)
@@ -206,6 +206,7 @@ def permute_records(records: torch.Tensor, s: Layout, d: Layout) -> torch.Tensor
             _ptr(out),
             num,
             _ptr(table),
+            int(s.split) | (int(d.split) << 1),
             _stream(dev),
         )
     return out

@@ -132,15 +132,20 @@ def join_record_bits(records: torch.Tensor) -> torch.Tensor:
 def convert_layout(records: torch.Tensor, src: int, dst: int) -> torch.Tensor:
     """Moves every record from layout ``src`` to layout ``dst`` without decoding.
 
-    Works on any device (the permutation is a gather, the regrouping of split layouts elementwise
-    integer ops; ``w12.cuda_codec`` permutes with its kernel when it is built); returns a new
-    tensor.
+    Works on any device: contiguous CUDA records go through ``w12.cuda_codec``'s kernel when it is
+    built (permutation and regrouping in one pass), others through torch (a gather, and elementwise
+    integer ops for split layouts); returns a new tensor.
     """
     if records.dtype != torch.uint8 or records.shape[-1] != RECORD_BYTES:
         raise ValueError(f"records must be uint8 [..., {RECORD_BYTES}], got {records.dtype} {tuple(records.shape)}")
     s, d = get_layout(src), get_layout(dst)
     if src == dst:
         return records.clone()
+    if records.is_cuda and records.is_contiguous():
+        from . import cuda_codec  # the permutation kernel; imported late to keep format.py a leaf
+
+        if cuda_codec.available():
+            return cuda_codec.permute_records(records, s, d)
     if not (s.split or d.split):
         return _permute(records, s, d)
     # The regrouping's integer temporaries are a few times the records' size: a chunk at a time.
@@ -150,7 +155,7 @@ def convert_layout(records: torch.Tensor, src: int, dst: int) -> torch.Tensor:
         part = flat[i : i + _CHUNK_RECORDS]
         part = join_record_bits(part) if s.split else part
         if not torch.equal(s.perm, d.perm):
-            part = _permute(part.contiguous(), s, d)
+            part = _permute(part, s, d)
         out[i : i + _CHUNK_RECORDS] = split_record_bits(part) if d.split else part
     return out.view(records.shape)
 
@@ -159,11 +164,6 @@ _CHUNK_RECORDS = 4096  # 48 MB of records
 
 
 def _permute(records: torch.Tensor, s: Layout, d: Layout) -> torch.Tensor:
-    if records.is_cuda and records.is_contiguous():
-        from . import cuda_codec  # the permutation kernel; imported late to keep format.py a leaf
-
-        if cuda_codec.available():
-            return cuda_codec.permute_records(records, s, d)
     # slot in dst -> layout-0 element -> slot in src
     gather = s.inv[d.perm].to(records.device)
     hi, lo = _split_planes(records)
