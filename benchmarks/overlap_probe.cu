@@ -144,6 +144,13 @@ __device__ __forceinline__ void issue4(float (&acc)[32], const uint32_t (&a)[16]
   commit();
 }
 
+// Both warpgroups' record work issued by one warpgroup, then retired (the roles-split modes).
+__device__ __forceinline__ void issue8(float (&acc)[32], const uint32_t (&a)[16], uint32_t xb) {
+  issue4(acc, a, xb);
+  issue4(acc, a, xb);
+  retire(acc);
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(256) probe(int iters, float* out) {
   __shared__ __align__(1024) uint8_t s[32768];
@@ -159,48 +166,50 @@ __global__ void __launch_bounds__(256) probe(int iters, float* out) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) a0[i] = a1[i] = 0x3c003c00u;
   for (int it = 0; it < iters; ++it) {
+    // 11-13 are 1-3 with the split-plane decode; 14-19 are 5 / 7 with other integer work.
+    constexpr bool split = MODE >= 11 && MODE <= 13;
     if constexpr (MODE == 0) {
       issue4(acc, a0, xb);
       retire(acc);
-    } else if constexpr (MODE == 1) {
-      decode_record(s, it, a0);
+    } else if constexpr (MODE == 1 || MODE == 11) {
+      decode_record<split>(s, it, a0);
 #pragma unroll
       for (int i = 0; i < 16; ++i) sink ^= a0[i];
-    } else if constexpr (MODE == 2) {
+    } else if constexpr (MODE == 2 || MODE == 12) {
       retire(acc);
-      decode_record(s, it, a0);
+      decode_record<split>(s, it, a0);
       issue4(acc, a0, xb);
-    } else if constexpr (MODE == 3) {
+    } else if constexpr (MODE == 3 || MODE == 13) {
       // Two buffers as v4's overlap loop: decode record it into the buffer the previous wgmma is
       // not reading, then wait for that wgmma, then issue.
       if (it & 1) {
-        decode_record(s, it, a1);
+        decode_record<split>(s, it, a1);
         retire(acc);
         issue4(acc, a1, xb);
       } else {
-        decode_record(s, it, a0);
+        decode_record<split>(s, it, a0);
         retire(acc);
         issue4(acc, a0, xb);
       }
     } else if constexpr (MODE == 4) {
       if (wg == 0) {
-        issue4(acc, a0, xb);
-        issue4(acc, a0, xb);
-        retire(acc);
+        issue8(acc, a0, xb);
       } else {
         decode_record(s, 2 * it, a0);
         decode_record(s, 2 * it + 1, a1);
 #pragma unroll
         for (int i = 0; i < 16; ++i) sink ^= a0[i] ^ a1[i];
       }
-    } else if constexpr (MODE == 5 || MODE == 7) {  // integer work only (5: beside wgmma)
-      if (MODE == 5 && wg == 0) {
-        issue4(acc, a0, xb);
-        issue4(acc, a0, xb);
-        retire(acc);
-      } else if (MODE == 5 || wg == 1) {
-        decode_regs(2 * it, a0);
-        decode_regs(2 * it + 1, a1);
+    } else if constexpr (MODE == 5 || MODE == 7 || (MODE >= 14 && MODE <= 19)) {
+      // Integer (or FMA) work in warpgroup 1, beside warpgroup 0's wgmma (5, 14, 16, 18) or with
+      // warpgroup 0 idle (7, 15, 17, 19): decode16's, decode16_split's, 136 IMAD, 136 FFMA.
+      constexpr int kind = MODE <= 7 ? 0 : MODE <= 15 ? 1 : MODE <= 17 ? 2 : 3;
+      constexpr bool beside = MODE == 5 || (MODE >= 14 && (MODE & 1) == 0);
+      if (beside && wg == 0) {
+        issue8(acc, a0, xb);
+      } else if (wg == 1) {
+        decode_regs<kind>(2 * it, a0);
+        decode_regs<kind>(2 * it + 1, a1);
 #pragma unroll
         for (int i = 0; i < 16; ++i) sink ^= a0[i] ^ a1[i];
       }
@@ -215,43 +224,9 @@ __global__ void __launch_bounds__(256) probe(int iters, float* out) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) sink ^= a0[i] ^ a1[i];
       }
-    } else if constexpr (MODE == 11) {  // split-plane decode only
-      decode_record<true>(s, it, a0);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) sink ^= a0[i];
-    } else if constexpr (MODE == 12) {  // split-plane decode, plain order
-      retire(acc);
-      decode_record<true>(s, it, a0);
-      issue4(acc, a0, xb);
-    } else if constexpr (MODE == 13) {  // split-plane decode, overlap order
-      if (it & 1) {
-        decode_record<true>(s, it, a1);
-        retire(acc);
-        issue4(acc, a1, xb);
-      } else {
-        decode_record<true>(s, it, a0);
-        retire(acc);
-        issue4(acc, a0, xb);
-      }
-    } else if constexpr (MODE >= 14 && MODE <= 19) {
-      // 14/15: split decode ALU beside wgmma / alone; 16/17: IMAD; 18/19: FFMA (even: beside)
-      constexpr int kind = MODE <= 15 ? 1 : (MODE <= 17 ? 2 : 3);
-      constexpr bool beside = (MODE & 1) == 0;
-      if (beside && wg == 0) {
-        issue4(acc, a0, xb);
-        issue4(acc, a0, xb);
-        retire(acc);
-      } else if (wg == 1) {
-        decode_regs<kind>(2 * it, a0);
-        decode_regs<kind>(2 * it + 1, a1);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) sink ^= a0[i] ^ a1[i];
-      }
     } else {  // 6, 8: shared-memory loads only (6: beside wgmma)
       if (MODE == 6 && wg == 0) {
-        issue4(acc, a0, xb);
-        issue4(acc, a0, xb);
-        retire(acc);
+        issue8(acc, a0, xb);
       } else if (MODE == 6 || wg == 1) {
         sink ^= loads_only(s, 2 * it) ^ loads_only(s, 2 * it + 1);
       }
