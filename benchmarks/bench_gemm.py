@@ -177,6 +177,8 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check):
                     "tbps_cublas": round(bf_bytes / t_cb / 1e6, 3),
                     "splits": cuda_ops.splits(n, k, kernel=kver),
                     "kernel_used": kver,
+                    # v4's whole-K clusters (ring depth; 0: split grid + reduce kernel, or unsplit)
+                    "wholek": cuda_ops.wholek_stages(n, k, m, diag=int(var[2])) if kver == 4 else 0,
                 }
             )
     del ws, wb

@@ -62,6 +62,15 @@ def load_lib() -> ctypes.CDLL:
         ctypes.c_int,
         ctypes.c_void_p,
     ]
+    lib.rf_read_grid.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     lib.rf_tail.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib
 
@@ -78,6 +87,12 @@ class Reader:
         e = self.lib.rf_read(buf.data_ptr(), buf.numel(), self.ctas, self.sink.data_ptr(), self.pdl, s)
         if e != 0:
             raise RuntimeError(f"read_floor launch failed: CUDA error {e}")
+
+    def read_grid(self, buf: torch.Tensor, threads: int) -> None:
+        s = torch.cuda.current_stream().cuda_stream
+        e = self.lib.rf_read_grid(buf.data_ptr(), buf.numel(), self.ctas, threads, self.sink.data_ptr(), self.pdl, s)
+        if e != 0:
+            raise RuntimeError(f"read_floor launch of {self.ctas} x {threads} threads failed: CUDA error {e}")
 
     def tail(self, ctas: int) -> None:
         s = torch.cuda.current_stream().cuda_stream
@@ -96,6 +111,13 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=30, help="timed graph replays (median taken)")
     p.add_argument("--pdl", action="store_true", help="also launch the read kernels with PDL")
     p.add_argument("--no-gemm", action="store_true", help="skip the same-run cuBLAS / W12 GEMM graph set")
+    p.add_argument(
+        "--grids",
+        default="",
+        help="also read each shape's W12 bytes with these fixed grids, CTAS x THREADS, comma list "
+        "(e.g. 64x1024,128x512,264x256: how fast fewer, larger CTAs stream); 'only' after the list "
+        "skips everything else",
+    )
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "read_floor_h200.json"))
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -107,8 +129,36 @@ def main(argv=None) -> int:
     cps = [int(v) for v in a.ctas_per_sm.split(",") if v]
     pdls = [False, True] if a.pdl else [False]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    res: dict = {"gpu": props.name, "sms": sms, "shapes": [], "graph_set": []}
+    res: dict = {"gpu": props.name, "sms": sms, "shapes": [], "graph_set": [], "grids": []}
     print(f"# {props.name}, {sms} SMs, L2 {l2 >> 20} MB")
+    grid_items = [g for g in a.grids.split(",") if g and g != "only"]
+    grids_only = "only" in a.grids.split(",")
+    try:
+        grids = [(int(g.split("x")[0]), int(g.split("x")[1])) for g in grid_items]
+    except (IndexError, ValueError):
+        print(f"error: --grids {a.grids!r}: expected CTASxTHREADS items such as 64x1024", file=sys.stderr)
+        return 2
+    for name, (n, k) in LLAMA8B.items() if grids else ():
+        nbytes = w12_bytes(n, k)
+        bufs = [torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(copies_for(nbytes, l2))]
+        for ctas, threads in grids:
+            r = Reader(lib, ctas, False)
+            t, _, _ = time_graph([lambda b=b, r=r, th=threads: r.read_grid(b, th) for b in bufs], a.reps)
+            row = {
+                "shape": name,
+                "ctas": ctas,
+                "threads": threads,
+                "us": round(t, 2),
+                "tbps": round(nbytes / t / 1e6, 3),
+            }
+            res["grids"].append(row)
+            print(f"{name:>8} w12 grid {ctas:4d} x {threads:4d} {t:8.2f} us {row['tbps']:6.2f} TB/s")
+        del bufs
+    if grids_only:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {a.json}")
+        return 0
 
     # Per shape, back to back, rotated copies (as bench_gemm times each shape).
     for name, (n, k) in LLAMA8B.items():

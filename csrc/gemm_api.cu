@@ -12,13 +12,15 @@
 #include <utility>
 
 #include "gemm_w12_mma.cuh"
+#include "smxx_gemm_common.cuh"
 
 extern "C" {
 
 // Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
 // 5: v4 reads layout 2 (w12_gemm_kernel_layout). 6: w12_gemm_v4_ready. 7: w12_gemm_splits takes
-// the kernel. 8: v4 reads layout 3, v1-v3 layout 4 (split records, decode16_split).
-int w12_gemm_abi_version(void) { return 8; }
+// the kernel. 8: v4 reads layout 3, v1-v3 layout 4 (split records, decode16_split). 9:
+// w12_gemm_wholek_stages.
+int w12_gemm_abi_version(void) { return 9; }
 
 // 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
 // sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
@@ -37,6 +39,19 @@ int w12_gemm_kernel_layout(int kernel) { return kernel == 4 ? 3 : 4; }
 // target_ctas, the device's SM count and the kernel only); 0 for any other kernel.
 int w12_gemm_splits(int n, int k, int target_ctas, int sms, int kernel) {
   return (kernel == 1 || kernel == 4) ? w12::gemm_splits(n, k, target_ctas, sms, kernel) : 0;
+}
+
+// The ring depth of v4's whole-K clusters (kernels_sm90/gemm_w12_wholek_sm90.cu) for an (N, K)
+// weight at m token rows on the current device with diagnostics `flags` (v4's 16 and 131072 move
+// the rule), or 0 where v4 runs its split grid and reduce kernel or an unsplit grid instead (same
+// bits either way); -1 if the device cannot be queried.
+int w12_gemm_wholek_stages(int n, int k, int m, int target_ctas, int flags) {
+  w12::DevInfo di;
+  int dev = 0;
+  if (w12::dev_info(di, dev) != cudaSuccess) return -1;
+  if (flags & 16) return 0;
+  const int s = w12::gemm_splits(n, k, target_ctas, di.sms, 4);
+  return w12::wholek_stages(n, k, s, m, di.sms, di.smem_optin, 0, (flags & (1 << 17)) != 0);
 }
 
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).

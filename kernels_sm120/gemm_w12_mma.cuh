@@ -95,6 +95,14 @@ cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cud
 constexpr int kWgmmaMaxTokens = 128;
 // cudaErrorNoKernelImageForDevice off sm_90.
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);
+// v4's whole-K clusters (kernels_sm90/gemm_w12_wholek_sm90.cu): at <= 16 tokens, two CTAs per
+// 64-row m-tile with one warpgroup per K slice, the split grid's bits without the reduce kernel.
+// wholek_stages: their ring depth for an [N, K] weight cut into S slices on a GPU with `sms` SMs
+// and smem_optin bytes of shared memory per CTA (stages: 3 or 4 forces that depth where it
+// fits), 0 where they are not taken (more than 16 tokens, S odd or outside 2..8, more CTAs than
+// SMs, slices under 16 records unless short_slices, or 3 stages not fitting).
+int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int stages, bool short_slices);
+cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int stages, bool pdl, cudaStream_t stream);
 // cudaSuccess when v4 can run on the current device: sm_90 and real sm_90a code in this library.
 cudaError_t wgmma_image_check();
 // The wgmma building blocks alone (register A, descriptor B, accumulator layout) on one 64x16x16

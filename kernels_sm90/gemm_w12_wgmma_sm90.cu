@@ -7,15 +7,16 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 14 (docs/perf-notes.md,
-// gemm_h200_s14_final.json): Llama geomean 1.28 / 1.25 / 1.22 / 1.08 / 0.77 of cuBLAS at 1 / 16 /
-// 32 / 64 / 128 tokens (v1 in the same call 1.27 / 1.26 / 1.16 / 0.95 / -); decode-step graph
-// set 0.78 (v1 0.79). Session 14's split layout (decode16_split) took 64 tokens from 0.99 to 1.05
-// in a same-call A/B, session 13's shared-memory epilogue 64 / 128 tokens from 0.97 / 0.69
-// (session 12); sessions 11-12 took 1 / 16 tokens from 1.21 / 1.08 (session 10). Its bits differ
-// from v1's (about 2-4e-4 of the
-// outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every
-// M or for none.
+// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 15 (docs/perf-notes.md,
+// gemm_h200_s15_final.json): Llama geomean 1.29 / 1.27 / 1.21 / 1.06 / 0.77 of cuBLAS at 1 / 16 /
+// 32 / 64 / 128 tokens (v1 in the same call 1.27 / 1.25 / 1.16 / 0.96 / -); decode-step graph
+// set 0.77 (v1 0.79). Session 15 runs down-like weights at 1-16 tokens as whole-K clusters
+// (gemm_w12_wholek_sm90.cu: same bits, no reduce kernel), session 14's split layout
+// (decode16_split) took 64 tokens from 0.99 to 1.05 in a same-call A/B, session 13's
+// shared-memory epilogue 64 / 128 tokens from 0.97 / 0.69 (session 12); sessions 11-12 took 1 / 16
+// tokens from 1.21 / 1.08 (session 10). Its bits differ from v1's (about 2-4e-4 of the outputs:
+// wgmma and mma.sync round the k16 products differently), so `auto` takes it for every M or for
+// none.
 //
 // - Records in layout 3 (w12/layouts.py: layout 2 split, decoded by decode16_split in 7
 //   instructions per 8 weights instead of 17; session 14). Layout 2 is layout 1's slots and
@@ -32,7 +33,8 @@
 // - K-split like v1: gemm_splits() slices (a function of N, K and the SM count, never of M; v4
 //   leaves a few more weights unsplit than v1, see there); the
 //   slices park partials that v1's PDL reduce kernel adds in slice order, so the bits are the
-//   same for every M.
+//   same for every M. Where whole-K clusters run (wholek_stages), they add the same partials in
+//   the same order inside the cluster instead.
 // - Each thread streams its own fragment bytes of every record (v1's per-thread cp.async ring,
 //   STAGES deep); fence.proxy.async makes the activation tile visible to wgmma.
 #include <cuda_bf16.h>
@@ -43,131 +45,18 @@
 #include "smxx_launch.cuh"
 #include "smxx_pipe.cuh"
 #include "smxx_w12_decode.cuh"
-
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define W12_WGMMA 1
-#else
-#define W12_WGMMA 0
-#endif
+#include "smxx_wgmma.cuh"
 
 namespace w12 {
 namespace {
 
-constexpr int kRec = 12288;
 constexpr int kMaxTokens = kWgmmaMaxTokens;  // 128: one pass for 65..128 tokens (NCH = 16)
 constexpr int kThreads = 128;  // one warpgroup
 constexpr int kOneWarpgroup = 1 << 19;  // diagnostic 524288 (v1's "never 8-warp CTAs"): WG = 1
 constexpr int kRowPairs = 1 << 18;      // diagnostic 262144: WG = 4, two row tiles per CTA
 constexpr int kNoRowPairs = 8;          // diagnostic 8: one row tile per CTA at 65..128 tokens too
-
-struct WParams : GemmOperands {
-  int M, N, KT, S, kper;
-  int pdl;  // launched with programmatic dependent launch: wait for the previous kernel first
-  int diag;  // 1 (wrong output): activation tiles copied for the first stages only; 2: the per-output
-            // S = 1 epilogue at every M (same bits)
-  int64_t ldx, ldy;
-  float4* ws;  // S > 1: partial sums in v1's order, summed by v1's reduce kernel (gemm_reduce_launch)
-};
-
-#if W12_WGMMA
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// Generic-proxy writes (cp.async) to shared memory -> visible to the async proxy (wgmma reads).
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-// Accumulators written by in-flight wgmma: re-defined here, after wgmma.wait_group, so that no
-// read of them is scheduled before the wait.
-__device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v)::"memory"); }
-
-// Shared-memory matrix descriptor, no swizzle: start, leading (K) and stride (N) byte offsets.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((saddr >> 4) & 0x3FFFu) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
-         ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32);
-}
-// The same for a K-major tile in the 128-byte swizzle (layout type 1 in bits 62-63): rows of 128 B
-// (64 BF16 of K), 16-byte chunk c of row r at c ^ (r & 7) inside each 1024-byte group of 8 rows,
-// SBO = 1024 between the groups; the k-step is chosen by advancing the start address 32 B per 16
-// elements inside the row (the hardware applies the XOR to the final address, so the tile must
-// start 1024-byte aligned). LBO is unused for this layout.
-__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t saddr) {
-  return smem_desc(saddr, 16, 1024) | (1ull << 62);
-}
-
-#endif
-
-// D[64 x N] += A[64 x 16] (registers, bf16) * B[16 x N] (shared memory, K-major, bf16), FP32.
-template <int N>
-struct Wgmma;
-#if W12_WGMMA
-template <>
-struct Wgmma<8> {
-  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t* a, uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-        : "memory");
-  }
-};
-
-template <>
-struct Wgmma<16> {
-  static __device__ __forceinline__ void run(float (&d)[8], const uint32_t* a, uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-        : "memory");
-  }
-};
-
-template <>
-struct Wgmma<32> {
-  static __device__ __forceinline__ void run(float (&d)[16], const uint32_t* a, uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-        : "memory");
-  }
-};
-
-template <>
-struct Wgmma<64> {
-  static __device__ __forceinline__ void run(float (&d)[32], const uint32_t* a, uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-        : "memory");
-  }
-};
-
-template <>
-struct Wgmma<128> {
-  // 65..128 tokens in one pass (WG = 2 only: 64 accumulators per thread).
-  static __device__ __forceinline__ void run(float (&d)[64], const uint32_t* a, uint64_t desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-        : "memory");
-  }
-};
-#endif
+constexpr int kSplitGrid = 16;          // diagnostic 16: the split grid + reduce kernel where whole-K clusters run
+constexpr int kShortSlices = 1 << 17;   // diagnostic 131072: whole-K clusters for slices under 16 records too
 
 // One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
 // as fix_escapes does.
@@ -672,6 +561,14 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     p.x = a.x + (int64_t)m0 * a.ldx;
     p.y = a.y + (int64_t)m0 * a.ldy;
     p.M = tokens;
+    // Whole-K clusters (gemm_w12_wholek_sm90.cu, session 15) where they fit at <= 16 tokens: the
+    // same bits as the split grid and its reduce kernel, without that kernel.
+    if (p.S > 1 && !(a.flags & kSplitGrid)) {
+      if (const int wst = wholek_stages(a.N, a.K, p.S, tokens, di.sms, di.smem_optin, a.stages, a.flags & kShortSlices)) {
+        if ((e = gemm_wholek_launch(a, m0, tokens, p.S, wst, p.pdl != 0, stream)) != cudaSuccess) return e;
+        continue;
+      }
+    }
     const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : tokens <= 64 ? 8 : 16;
     // Two warpgroups per CTA unless diagnostic 524288 asks for one (session 9: same bits; M = 64
     // -3 % geomean, lm_head -12 %, 32B [51200, 5120] -18 %; M <= 32 within +-1 %). Row-tile pairs

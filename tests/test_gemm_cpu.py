@@ -487,7 +487,7 @@ def test_wgmma_activation_tile_follows_layout1_k_order():
 
 
 def test_pdl_rule(monkeypatch):
-    # auto: v3 always; v1 and v4 at <= 16 tokens (v4 also at 33-64) with >= 4 K slices (timing only).
+    # auto: v3 always; v1 and v4 at <= 16 and 33-64 tokens with >= 4 K slices (timing only).
     slices = {(4096, 4096): 8, (28672, 4096): 2}
     monkeypatch.setattr(cuda_ops, "splits", lambda n, k, device="cuda", kernel=None: slices[(n, k)])
     monkeypatch.delenv("W12_GEMM_PDL", raising=False)
@@ -498,7 +498,8 @@ def test_pdl_rule(monkeypatch):
     assert cuda_ops._pdl(4, 4096, 4096, 1, "cuda") and not cuda_ops._pdl(4, 4096, 4096, 17, "cuda")
     assert not cuda_ops._pdl(4, 4096, 4096, 32, "cuda") and cuda_ops._pdl(4, 4096, 4096, 33, "cuda")
     assert cuda_ops._pdl(4, 4096, 4096, 64, "cuda") and not cuda_ops._pdl(4, 4096, 4096, 65, "cuda")
-    assert not cuda_ops._pdl(1, 4096, 4096, 64, "cuda")  # v1 lost at 64 tokens with it (session 7)
+    assert cuda_ops._pdl(1, 4096, 4096, 64, "cuda")  # v1 gains at 64 tokens since session 15
+    assert not cuda_ops._pdl(1, 4096, 4096, 32, "cuda") and not cuda_ops._pdl(1, 28672, 4096, 64, "cuda")
     assert not cuda_ops._pdl(4, 28672, 4096, 1, "cuda")
     assert not cuda_ops._pdl(2, 4096, 4096, 1, "cuda")
     monkeypatch.setenv("W12_GEMM_PDL", "0")

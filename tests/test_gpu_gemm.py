@@ -500,6 +500,8 @@ def test_v1_ring_depth_changes_no_bit(n, k, m, monkeypatch):
         ("262144", "4"),
         ("2", "0"),
         ("262208", "0"),
+        ("16", "0"),
+        ("131072", "0"),
     ],
 )
 @pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 100])
@@ -509,7 +511,8 @@ def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
     # 65..128 tokens, where that is the default, the plain loop); 524288: one warpgroup per CTA
     # (each warp decodes both m-tiles) instead of two, up to 64 tokens; 524352: both; 262144: two
     # row tiles per CTA (4 warpgroups) from 33 tokens up (384 rows: an odd tile count, the last
-    # pair half empty); 2: the unsplit grids' per-output epilogue (row data and escapes reloaded per
+    # pair half empty); 16: the split grid + reduce kernel where whole-K clusters would run;
+    # 131072: whole-K clusters for short slices too (4096 x 4096 at 1 and 9 tokens: 8 records); 2: the unsplit grids' per-output epilogue (row data and escapes reloaded per
     # token) instead of the per-row one (up to 32 tokens) or the shared-memory one (64 and 100);
     # W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch.
     # The same wgmma in the same order for every output element, so the same bits.
@@ -523,6 +526,59 @@ def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
     monkeypatch.setenv("W12_GEMM_DIAG", diag)
     monkeypatch.setenv("W12_GEMM_STAGES", stages)
     assert torch.equal(w12.linear(x, w).view(torch.int16), a.view(torch.int16)), f"W12_GEMM_DIAG={diag} STAGES={stages}"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize(
+    "n,k,bias,diag",
+    [
+        (4168, 8192, True, 0),  # 8 slices of 16 records, the last row tile 72 rows
+        (3800, 8100, False, 0),  # 8 slices of 16 records, the last of 15; N and K off the tile edges
+        (4096, 14336, False, 0),  # down [4096, 14336]: 8 slices of 28 records
+        # Short slices (diagnostic 131072), where the epilogue data loads after the loop:
+        (4168, 4096, True, 131072),  # 8 slices of 8 records
+        (4000, 700, False, 131072),  # 6 slices (three warpgroups per CTA) of 2 records, the last of 1
+        (4096, 1000, True, 131072),  # 8 slices of 2 records
+    ],
+)
+def test_v4_wholek_matches_split_grid(n, k, bias, diag, m, monkeypatch):
+    # At <= 16 tokens v4 gives weights cut into an even 2-8 K slices of >= 16 records a cluster of
+    # two CTAs per 64-row m-tile, one warpgroup per slice, and adds the slices in rank 0's shared
+    # memory: the same wgmma per slice and the same adds as the split grid and its reduce kernel
+    # (W12_GEMM_DIAG=16), so the same bits.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    assert cuda_ops.wholek_stages(n, k, m, DEV, diag) >= 3, f"[{n}, {k}] at M={m} must take the whole-K clusters"
+    gen = torch.Generator().manual_seed(150 + m)
+    wt = _weight(n, k, gen, spread=False)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    b = torch.randn(n, generator=gen).to(DEV) if bias else None
+    monkeypatch.setenv("W12_GEMM_DIAG", str(diag))
+    _poison_next_alloc(m * n)
+    y = w12.linear(x, w, b)
+    _assert_close(y, _ref(x, wt.to(DEV), b), x, wt.to(DEV))
+    monkeypatch.setenv("W12_GEMM_DIAG", "16")
+    assert torch.equal(w12.linear(x, w, b).view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+def test_v4_wholek_rule():
+    # Where the whole-K clusters run: at most 16 tokens, an even 2-8 slices of >= 16 records, at
+    # most one CTA per SM (four per 128-row tile).
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert cuda_ops.wholek_stages(4096, 14336, 16, DEV) >= 3
+    assert cuda_ops.wholek_stages(4096, 14336, 17, DEV) == 0
+    assert cuda_ops.wholek_stages(4096, 14336, 1, DEV, diag=16) == 0
+    if cuda_ops.splits(4096, 4096, DEV, 4) == 8:  # 8 records per slice
+        assert cuda_ops.wholek_stages(4096, 4096, 1, DEV) == 0
+        assert cuda_ops.wholek_stages(4096, 4096, 1, DEV, diag=131072) >= 3
+    assert cuda_ops.wholek_stages(28672, 4096, 1, DEV) == 0  # unsplit
+    n_many = 128 * (sms // 4 + 1)
+    if 1 < cuda_ops.splits(n_many, 14336, DEV, 4) <= 8:
+        assert cuda_ops.wholek_stages(n_many, 14336, 1, DEV) == 0  # more than one CTA per SM
+    if cuda_ops.splits(512, 4096, DEV, 4) > 8:
+        assert cuda_ops.wholek_stages(512, 4096, 1, DEV) == 0  # more slices than warpgroups
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")

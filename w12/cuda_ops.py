@@ -48,7 +48,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 8
+_GEMM_ABI = 9
 
 
 def library_path() -> Path:
@@ -166,6 +166,8 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_v4_ready.restype = _INT
     so.w12_gemm_splits.restype = _INT
     so.w12_gemm_splits.argtypes = [_INT, _INT, _INT, _INT, _INT]
+    so.w12_gemm_wholek_stages.restype = _INT
+    so.w12_gemm_wholek_stages.argtypes = [_INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_check_device.restype = _INT
     so.w12_gemm_counters_buffer.restype = _VP
     so.w12_gemm_counters_buffer.argtypes = [_INT, _VP, _INT, ctypes.POINTER(_INT)]
@@ -280,8 +282,9 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     start-up then overlaps the previous reduce kernel; -2..6 % at M = 1..16); off for v1's
     long-CTA grids (gate_up, lm_head: no gain) and above 16 tokens (qkv +10 % at 32, down +20 %
     at 64). v4 follows v1's rule, its CTAs capped per SM (session 9), and since session 14 also
-    takes it at 33-64 tokens (qkv, o, down -0.5..0.65 us at 64; at 32 tokens it lost up to 3 %).
-    Timing only: the bits never change. v2 has none.
+    takes it at 33-64 tokens (qkv, o, down -0.5..0.65 us at 64; at 32 tokens it lost up to 3 %);
+    since session 15 v1 too (call 1, two rounds: qkv 19.0 -> 18.4, o 14.8 -> 14.2, down 33.0 ->
+    32.5 us at 64 tokens; qkv +1.5..2 us at 32). Timing only: the bits never change. v2 has none.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
     if raw not in ("auto", "0", "1"):
@@ -290,7 +293,7 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
         return raw == "1"
     if kver == 3:
         return True
-    in_band = m <= 16 or (kver == 4 and 32 < m <= 64)
+    in_band = m <= 16 or 32 < m <= 64
     return kver in (1, 4) and in_band and splits(n, k, device, kver) >= 4
 
 
@@ -309,6 +312,21 @@ def splits(n: int, k: int, device="cuda", kernel: int | None = None) -> int:
     v3 have no such split (0)."""
     kver = kernel_version(n, k, device) if kernel is None else kernel
     return _splits(n, k, target_ctas(device), _check_device(torch.device(device)), kver)
+
+
+def wholek_stages(n: int, k: int, m: int, device="cuda", diag: int = 0) -> int:
+    """Ring depth of v4's whole-K clusters for an (N, K) weight at ``m`` token rows on ``device``
+    with ``W12_GEMM_DIAG`` bits ``diag``, or 0 where v4 runs its K-split grid and reduce kernel (or an
+    unsplit grid) instead. They run at <= 16 tokens on weights cut into an even 2-8 slices of >= 16
+    records each (any length with diagnostic 131072) whose 4 CTAs per 128-row tile fit one per SM;
+    the bits are the same either way."""
+    dev = torch.device(device)
+    _check_device(dev)
+    with torch.cuda.device(dev):
+        st = int(_gemm_lib().w12_gemm_wholek_stages(n, k, m, target_ctas(dev), diag))
+    if st < 0:
+        raise RuntimeError(f"w12: cannot query {dev} for v4's whole-K clusters")
+    return st
 
 
 # Ticket counters of the K-split reduction: zero between calls (each call leaves them zero), one
