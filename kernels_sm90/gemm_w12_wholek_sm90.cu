@@ -116,6 +116,9 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) gemm_w12_wholek_kerne
   const int rowtile = blockIdx.x >> 2, mt = (blockIdx.x >> 1) & 1;
   const int kt0 = (rank * wgs + w) * p.kper, nrec = min(p.KT - kt0, p.kper);
   if (p.pdl) pdl_wait();
+  // Let a PDL-launched next kernel be placed as SMs free up (its CTAs wait for this grid's end):
+  // a split grid's CTA fits beside this one (diagnostic 2048: no early trigger).
+  if (!(p.diag & 2048)) pdl_launch_dependents();
   const uint8_t* rec0 = p.records + ((size_t)rowtile * p.KT + kt0) * kRec;
   uint8_t* ring = smem + w * STAGES * kStage;
   const uint32_t rbase = smem_u32(ring);
@@ -315,7 +318,7 @@ cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int
   p.ldx = a.ldx;
   p.ldy = a.ldy;
   p.pdl = pdl ? 1 : 0;
-  p.diag = a.flags & 4;
+  p.diag = a.flags & (4 | 2048);
   const int nt = (a.N + 127) / 128;
   return tokens <= 8 ? launch_wholek_stages<1>(p, nt, stages, stream) : launch_wholek_stages<2>(p, nt, stages, stream);
 }

@@ -502,6 +502,7 @@ def test_v1_ring_depth_changes_no_bit(n, k, m, monkeypatch):
         ("262208", "0"),
         ("16", "0"),
         ("131072", "0"),
+        ("133120", "0"),
     ],
 )
 @pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 100])
@@ -512,7 +513,8 @@ def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
     # (each warp decodes both m-tiles) instead of two, up to 64 tokens; 524352: both; 262144: two
     # row tiles per CTA (4 warpgroups) from 33 tokens up (384 rows: an odd tile count, the last
     # pair half empty); 16: the split grid + reduce kernel where whole-K clusters would run;
-    # 131072: whole-K clusters for short slices too (4096 x 4096 at 1 and 9 tokens: 8 records); 2: the unsplit grids' per-output epilogue (row data and escapes reloaded per
+    # 131072: whole-K clusters for short slices too (4096 x 4096 at 1 and 9 tokens: 8 records),
+    # 133120 the same without their early launch_dependents; 2: the unsplit grids' per-output epilogue (row data and escapes reloaded per
     # token) instead of the per-row one (up to 32 tokens) or the shared-memory one (64 and 100);
     # W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch.
     # The same wgmma in the same order for every output element, so the same bits.
