@@ -20,29 +20,11 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 
 // CTA b reads 16-byte words [b * per, min((b + 1) * per, n)); the XOR keeps every load alive and
 // is stored only if it hits a value the data never produces in practice (no write traffic).
-__global__ void __launch_bounds__(256) read_kernel(const uint4* __restrict__ src, size_t n, size_t per,
-                                                   unsigned* sink, int pdl) {
-  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-  const size_t b = (size_t)blockIdx.x * per;
-  const size_t e = b + per < n ? b + per : n;
-  uint32_t acc = 0;
-  for (size_t i = b + threadIdx.x; i < e; i += (size_t)blockDim.x * kUnroll) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const size_t j = i + (size_t)u * blockDim.x;
-      v[u] = j < e ? ld_stream(src + j) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (acc == 0x9E3779B9u) sink[blockIdx.x & 1023] = acc;
-}
-
-// The same reads from CTAs of up to 1024 threads: how fast a grid of fewer, larger CTAs (one per SM
-// on part of the SMs, as a GEMM whose CTAs own whole 64-row tiles would be) streams the bytes.
-__global__ void __launch_bounds__(1024) read_kernel_wide(const uint4* __restrict__ src, size_t n, size_t per,
-                                                         unsigned* sink, int pdl) {
+// kMaxThreads: 256 for the GEMM-shaped grids, 1024 for grids of fewer, larger CTAs (one per SM on
+// part of the SMs, as a GEMM whose CTAs own whole 64-row tiles would be).
+template <int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads) read_kernel(const uint4* __restrict__ src, size_t n, size_t per,
+                                                           unsigned* sink, int pdl) {
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
   const size_t b = (size_t)blockIdx.x * per;
   const size_t e = b + per < n ? b + per : n;
@@ -89,7 +71,7 @@ extern "C" int rf_read(const void* src, size_t bytes, int ctas, void* sink, int 
   const uint4* p = static_cast<const uint4*>(src);
   unsigned* k = static_cast<unsigned*>(sink);
   void* args[] = {&p, const_cast<size_t*>(&n), &per, &k, &pdl};
-  return launch(reinterpret_cast<void (*)()>(read_kernel), args, ctas, 256, pdl, static_cast<cudaStream_t>(stream));
+  return launch(reinterpret_cast<void (*)()>(read_kernel<256>), args, ctas, 256, pdl, static_cast<cudaStream_t>(stream));
 }
 
 extern "C" int rf_read_grid(const void* src, size_t bytes, int ctas, int threads, void* sink, int pdl,
@@ -100,7 +82,7 @@ extern "C" int rf_read_grid(const void* src, size_t bytes, int ctas, int threads
   const uint4* p = static_cast<const uint4*>(src);
   unsigned* k = static_cast<unsigned*>(sink);
   void* args[] = {&p, const_cast<size_t*>(&n), &per, &k, &pdl};
-  return launch(reinterpret_cast<void (*)()>(read_kernel_wide), args, ctas, threads, pdl,
+  return launch(reinterpret_cast<void (*)()>(read_kernel<1024>), args, ctas, threads, pdl,
                 static_cast<cudaStream_t>(stream));
 }
 

@@ -202,19 +202,10 @@ cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStrea
 
 cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream) {
   KParams p{};
-  static_cast<GemmOperands&>(p) = a;
+  set_split_pass(p, a, m0, tokens, S);
   p.ws = static_cast<float4*>(a.workspace);
-  p.N = a.N;
-  p.KT = (a.K + 63) / 64;
-  p.S = S;
-  p.kper = (p.KT + S - 1) / S;
-  p.ldx = a.ldx;
-  p.ldy = a.ldy;
   // v4 parks partials in the 4-warp map: no kWide here, whatever diagnostics a.flags carries.
   p.flags = a.flags | kReduceKernel | kPdl;
-  p.x = a.x + (int64_t)m0 * a.ldx;
-  p.y = a.y + (int64_t)m0 * a.ldy;
-  p.M = tokens;
   return launch_reduce_for(p, (a.N + 127) / 128, tokens, stream);
 }
 

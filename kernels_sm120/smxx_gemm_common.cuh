@@ -104,4 +104,20 @@ inline int wave_stages(long grid, const DevInfo& di, int ring3, bool tail) {
   return grid * 10 < waves * slots * 7 ? 4 : 3;
 }
 
+// The fields every K-split launch's parameters (KParams, WParams) take from the call: operands,
+// sizes, and the token pass m0 .. m0 + tokens - 1 of x and y, for S slices of K.
+template <typename P>
+inline void set_split_pass(P& p, const GemmArgs& a, int m0, int tokens, int S) {
+  static_cast<GemmOperands&>(p) = a;
+  p.x = a.x + (int64_t)m0 * a.ldx;
+  p.y = a.y + (int64_t)m0 * a.ldy;
+  p.M = tokens;
+  p.N = a.N;
+  p.KT = (a.K + 63) / 64;
+  p.S = S;
+  p.kper = (p.KT + S - 1) / S;
+  p.ldx = a.ldx;
+  p.ldy = a.ldy;
+}
+
 }  // namespace w12

@@ -307,16 +307,7 @@ cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int
                                cudaStream_t stream) {
   if (S < 2 || S > kMaxSlices || (S & 1) || tokens < 1 || tokens > 16 || stages < 3) return cudaErrorInvalidValue;
   WParams p{};
-  static_cast<GemmOperands&>(p) = a;
-  p.x = a.x + (int64_t)m0 * a.ldx;
-  p.y = a.y + (int64_t)m0 * a.ldy;
-  p.M = tokens;
-  p.N = a.N;
-  p.KT = (a.K + 63) / 64;
-  p.S = S;
-  p.kper = (p.KT + S - 1) / S;
-  p.ldx = a.ldx;
-  p.ldy = a.ldy;
+  set_split_pass(p, a, m0, tokens, S);
   p.pdl = pdl ? 1 : 0;
   p.diag = a.flags & (4 | 2048);
   const int nt = (a.N + 127) / 128;
