@@ -49,9 +49,7 @@ int w12_gemm_wholek_stages(int n, int k, int m, int target_ctas, int flags) {
   w12::DevInfo di;
   int dev = 0;
   if (w12::dev_info(di, dev) != cudaSuccess) return -1;
-  if (flags & 16) return 0;
-  const int s = w12::gemm_splits(n, k, target_ctas, di.sms, 4);
-  return w12::wholek_stages(n, k, s, m, di.sms, di.smem_optin, 0, (flags & (1 << 17)) != 0);
+  return w12::wholek_stages(n, k, w12::gemm_splits(n, k, target_ctas, di.sms, 4), m, di.sms, di.smem_optin, 0, flags);
 }
 
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).

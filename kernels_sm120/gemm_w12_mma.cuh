@@ -100,8 +100,11 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);
 // wholek_stages: their ring depth for an [N, K] weight cut into S slices on a GPU with `sms` SMs
 // and smem_optin bytes of shared memory per CTA (stages: 3 or 4 forces that depth where it
 // fits), 0 where they are not taken (more than 16 tokens, S odd or outside 2..8, more CTAs than
-// SMs, slices under 16 records unless short_slices, or 3 stages not fitting).
-int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int stages, bool short_slices);
+// SMs, slices under 16 records unless `flags` has kWholekShortSlices, 3 stages not fitting, or
+// `flags` has kWholekOff). flags: the call's GemmArgs::flags (v4's diagnostics).
+constexpr int kWholekOff = 16;                // diagnostic 16: the split grid + reduce kernel instead
+constexpr int kWholekShortSlices = 1 << 17;   // diagnostic 131072: slices under 16 records too
+int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int stages, int flags);
 cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int stages, bool pdl, cudaStream_t stream);
 // cudaSuccess when v4 can run on the current device: sm_90 and real sm_90a code in this library.
 cudaError_t wgmma_image_check();

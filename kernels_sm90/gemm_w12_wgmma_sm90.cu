@@ -55,8 +55,6 @@ constexpr int kThreads = 128;  // one warpgroup
 constexpr int kOneWarpgroup = 1 << 19;  // diagnostic 524288 (v1's "never 8-warp CTAs"): WG = 1
 constexpr int kRowPairs = 1 << 18;      // diagnostic 262144: WG = 4, two row tiles per CTA
 constexpr int kNoRowPairs = 8;          // diagnostic 8: one row tile per CTA at 65..128 tokens too
-constexpr int kSplitGrid = 16;          // diagnostic 16: the split grid + reduce kernel where whole-K clusters run
-constexpr int kShortSlices = 1 << 17;   // diagnostic 131072: whole-K clusters for slices under 16 records too
 
 // One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
 // as fix_escapes does.
@@ -563,11 +561,10 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     p.M = tokens;
     // Whole-K clusters (gemm_w12_wholek_sm90.cu, session 15) where they fit at <= 16 tokens: the
     // same bits as the split grid and its reduce kernel, without that kernel.
-    if (p.S > 1 && !(a.flags & kSplitGrid)) {
-      if (const int wst = wholek_stages(a.N, a.K, p.S, tokens, di.sms, di.smem_optin, a.stages, a.flags & kShortSlices)) {
-        if ((e = gemm_wholek_launch(a, m0, tokens, p.S, wst, p.pdl != 0, stream)) != cudaSuccess) return e;
-        continue;
-      }
+    // Diagnostics 16 and 131072 move the rule (wholek_stages).
+    if (const int wst = wholek_stages(a.N, a.K, p.S, tokens, di.sms, di.smem_optin, a.stages, a.flags)) {
+      if ((e = gemm_wholek_launch(a, m0, tokens, p.S, wst, p.pdl != 0, stream)) != cudaSuccess) return e;
+      continue;
     }
     const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : tokens <= 64 ? 8 : 16;
     // Two warpgroups per CTA unless diagnostic 524288 asks for one (session 9: same bits; M = 64

@@ -287,14 +287,15 @@ cudaError_t launch_wholek_stages(const WParams& p, int nt, int stages, cudaStrea
 
 }  // namespace
 
-int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int stages, bool short_slices) {
+int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int stages, int flags) {
   const int nt = (N + 127) / 128, nch = tokens <= 8 ? 1 : 2, kt = (K + 63) / 64;
+  if (flags & kWholekOff) return 0;
   if (tokens < 1 || tokens > 16 || S < 2 || S > kMaxSlices || (S & 1) || 4 * nt > sms) return 0;
   // Slices of >= 16 records (session 15, call 8): down [4096, 14336] (28 per slice) ran 24.3
   // against 25.5 us at M = 1 and 26.1 against 27.1 at 16; o [4096, 4096] (8 per slice) level at
   // 1-4 tokens and 0.9 us slower at 16. A short slice cannot hide the deeper ring's prologue and
   // the epilogue data's three loading steps, whose last one lands after record 5.
-  if ((kt + S - 1) / S < 16 && !short_slices) return 0;
+  if ((kt + S - 1) / S < 16 && !(flags & kWholekShortSlices)) return 0;
   // One CTA per SM (qkv's 192 CTAs, two on some SMs, measured slower than its split grid): a ring
   // as deep as the CTA's shared memory allows beside the epilogue tables, up to 5; 3 at least.
   int fit = (smem_optin - wholek_table_bytes(nch, S / 2)) / ((S / 2) * wholek_stage_bytes(nch));
