@@ -134,7 +134,7 @@ def refcheck(n: int, k: int, x: torch.Tensor, gen: torch.Generator) -> float:
     return float((y - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def bench_shape(name, n, k, ms, variants, reps, gen, l2, check):
+def bench_shape(name, n, k, ms, variants, reps, gen, l2, check, hot=False):
     dev = torch.device("cuda")
     rows = []
     w12_bytes = n * k * 1.5  # records dominate; base/escapes add < 0.01%
@@ -161,6 +161,9 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check):
             set_variant(var)
             wv = [in_kernel_layout(w) for w in ws]
             t, p25, p75 = time_graph([lambda w=w, x=x: w12.linear(x, w) for w in wv], reps)
+            # --hot: one copy over and over, so that a weight smaller than L2 is read from L2: a
+            # grid as slow hot as cold is bound by its CTAs' own per-record work, not by HBM.
+            t_hot = time_graph([lambda w=wv[0], x=x: w12.linear(x, w)] * 8, reps)[0] if hot else None
             kver = cuda_ops.kernel_version(n, k)
             rows.append(
                 {
@@ -181,6 +184,8 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check):
                     "wholek": cuda_ops.wholek_stages(n, k, m, diag=int(var[2])) if kver == 4 else 0,
                 }
             )
+            if hot:
+                rows[-1]["us_hot"] = round(t_hot, 3)
     del ws, wb
     torch.cuda.empty_cache()
     return rows
@@ -276,6 +281,12 @@ def main(argv=None) -> int:
         help="projections of one layer in the graph set; ending in ',-' drops the LM head (e.g. o,- or gate_up,down,-)",
     )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check of each shape")
+    p.add_argument(
+        "--hot",
+        action="store_true",
+        help="also time each W12 variant on one weight copy repeated (L2-resident where it fits: "
+        "e.g. 28672x1024 = 44 MB on the H200's 60 MB); JSON field us_hot",
+    )
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "gemm_h200.json"), help="output JSON path")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -306,14 +317,16 @@ def main(argv=None) -> int:
     if not a.graph_only:
         for name in tqdm(names, desc="shapes"):
             n, k = table[name]
-            rows += bench_shape(name, n, k, ms, variants, a.reps, gen, l2, not a.no_check)
+            rows += bench_shape(name, n, k, ms, variants, a.reps, gen, l2, not a.no_check, a.hot)
         print(
             f"\n{'shape':>10} {'N':>6} {'K':>6} {'M':>4} {'kernel':>22} {'us':>9} {'cuBLAS':>9} {'x':>6} {'TB/s':>6} {'cbTB/s':>6}"
+            + (f" {'us hot':>9}" if a.hot else "")
         )
         for r in rows:
             print(
                 f"{r['name']:>10} {r['shape'][0]:>6} {r['shape'][1]:>6} {r['M']:>4} {r['kernel']:>22} {r['us']:>9.2f} "
                 f"{r['us_cublas']:>9.2f} {r['speedup']:>6.3f} {r['tbps_w12']:>6.2f} {r['tbps_cublas']:>6.2f}"
+                + (f" {r['us_hot']:>9.2f}" if a.hot else "")
             )
         print("\n# geometric mean speedup over the Llama-3.1-8B shapes")
         for kern in sorted({r["kernel"] for r in rows}):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import os
 import shutil
@@ -71,6 +72,16 @@ def load_lib() -> ctypes.CDLL:
         ctypes.c_int,
         ctypes.c_void_p,
     ]
+    lib.rf_read_chunks.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     lib.rf_tail.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib
 
@@ -93,6 +104,14 @@ class Reader:
         e = self.lib.rf_read_grid(buf.data_ptr(), buf.numel(), self.ctas, threads, self.sink.data_ptr(), self.pdl, s)
         if e != 0:
             raise RuntimeError(f"read_floor launch of {self.ctas} x {threads} threads failed: CUDA error {e}")
+
+    def read_chunks(self, buf: torch.Tensor, threads: int, chunk: int) -> None:
+        s = torch.cuda.current_stream().cuda_stream
+        e = self.lib.rf_read_chunks(
+            buf.data_ptr(), buf.numel(), self.ctas, threads, chunk, self.sink.data_ptr(), self.pdl, s
+        )
+        if e != 0:
+            raise RuntimeError(f"read_floor chunked launch of {self.ctas} x {threads} threads failed: CUDA error {e}")
 
     def tail(self, ctas: int) -> None:
         s = torch.cuda.current_stream().cuda_stream
@@ -118,6 +137,13 @@ def main(argv=None) -> int:
         "(e.g. 64x1024,128x512,264x256: how fast fewer, larger CTAs stream); 'only' after the list "
         "skips everything else",
     )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=0,
+        help="with --grids: also read with BYTES-sized chunks dealt round-robin to the CTAs (CTA b "
+        "reads chunks b, b + G, ...: one moving window instead of G streams; 12288 = a W12 record)",
+    )
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "read_floor_h200.json"))
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -141,18 +167,24 @@ def main(argv=None) -> int:
     for name, (n, k) in LLAMA8B.items() if grids else ():
         nbytes = w12_bytes(n, k)
         bufs = [torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(copies_for(nbytes, l2))]
-        for ctas, threads in grids:
+        for (ctas, threads), chunk in itertools.product(grids, [0, a.chunk] if a.chunk > 0 else [0]):
             r = Reader(lib, ctas, False)
-            t, _, _ = time_graph([lambda b=b, r=r, th=threads: r.read_grid(b, th) for b in bufs], a.reps)
+            if chunk:
+                fns = [lambda b=b, r=r, th=threads, c=chunk: r.read_chunks(b, th, c) for b in bufs]
+            else:
+                fns = [lambda b=b, r=r, th=threads: r.read_grid(b, th) for b in bufs]
+            t, _, _ = time_graph(fns, a.reps)
             row = {
                 "shape": name,
                 "ctas": ctas,
                 "threads": threads,
+                "chunk": chunk,
                 "us": round(t, 2),
                 "tbps": round(nbytes / t / 1e6, 3),
             }
             res["grids"].append(row)
-            print(f"{name:>8} w12 grid {ctas:4d} x {threads:4d} {t:8.2f} us {row['tbps']:6.2f} TB/s")
+            how = f"chunks of {chunk} B round-robin" if chunk else "contiguous per CTA"
+            print(f"{name:>8} w12 grid {ctas:4d} x {threads:4d} {t:8.2f} us {row['tbps']:6.2f} TB/s  {how}")
         del bufs
     if grids_only:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,33 @@ __global__ void __launch_bounds__(kMaxThreads) read_kernel(const uint4* __restri
   if (acc == 0x9E3779B9u) sink[blockIdx.x & 1023] = acc;
 }
 
+// The same reads with the chunks of `chunk` 16-byte words dealt round-robin: CTA b reads chunks
+// b, b + G, b + 2G, ... (G = gridDim.x), so that at any moment the grid's loads fall in one
+// window of the buffer instead of G separate streams (a GEMM's records stored k-major across its
+// row tiles would read this way).
+template <int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads) read_chunks_kernel(const uint4* __restrict__ src, size_t n,
+                                                                  uint32_t chunk, unsigned* sink, int pdl) {
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const size_t nchunks = (n + chunk - 1) / chunk, G = gridDim.x;
+  const size_t mine = blockIdx.x < nchunks ? (nchunks - blockIdx.x + G - 1) / G : 0;
+  const size_t words = mine * chunk;
+  uint32_t acc = 0;
+  for (size_t f = threadIdx.x; f < words; f += (size_t)blockDim.x * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t fu = f + (size_t)u * blockDim.x;
+      const uint32_t j = static_cast<uint32_t>(fu / chunk), w = static_cast<uint32_t>(fu - (size_t)j * chunk);
+      const size_t g = ((size_t)j * G + blockIdx.x) * chunk + w;
+      v[u] = fu < words && g < n ? ld_stream(src + g) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9E3779B9u) sink[blockIdx.x & 1023] = acc;
+}
+
 // A stand-in for a split-K reduce kernel: `ctas` CTAs each read 4 KB and write 256 B.
 __global__ void __launch_bounds__(128) tail_kernel(const uint4* __restrict__ src, uint4* dst, int pdl) {
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -83,6 +110,19 @@ extern "C" int rf_read_grid(const void* src, size_t bytes, int ctas, int threads
   unsigned* k = static_cast<unsigned*>(sink);
   void* args[] = {&p, const_cast<size_t*>(&n), &per, &k, &pdl};
   return launch(reinterpret_cast<void (*)()>(read_kernel<1024>), args, ctas, threads, pdl,
+                static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int rf_read_chunks(const void* src, size_t bytes, int ctas, int threads, size_t chunk_bytes, void* sink,
+                              int pdl, void* stream) {
+  if (threads < 32 || threads > 1024 || threads % 32 || chunk_bytes < 16 || chunk_bytes % 16)
+    return static_cast<int>(cudaErrorInvalidValue);
+  size_t n = bytes / 16;
+  uint32_t chunk = static_cast<uint32_t>(chunk_bytes / 16);
+  const uint4* p = static_cast<const uint4*>(src);
+  unsigned* k = static_cast<unsigned*>(sink);
+  void* args[] = {&p, &n, &chunk, &k, &pdl};
+  return launch(reinterpret_cast<void (*)()>(read_chunks_kernel<1024>), args, ctas, threads, pdl,
                 static_cast<cudaStream_t>(stream));
 }
 

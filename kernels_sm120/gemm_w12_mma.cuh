@@ -49,7 +49,8 @@ struct GemmArgs : GemmOperands {
                             // previous record's wgmma (at 65..128 tokens: the plain loop; same bits), 524288 = one warpgroup per CTA
                             // instead of two up to 64 tokens, 262144 = two row tiles per CTA from 33 tokens up (same bits),
                             // 1 = activation tiles copied for the first ring stages only (wrong output), 2 = the
-                            // per-output epilogue of unsplit grids (same bits)
+                            // per-output epilogue of unsplit grids (same bits), 256 / 1024 = the deep loop at
+                            // every grid up to 16 tokens / never (same bits; v1 reads these two only with PDL)
 };
 
 // Argument checks shared by every launcher (M == 0 is valid and launches nothing).

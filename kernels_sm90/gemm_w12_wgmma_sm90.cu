@@ -7,10 +7,11 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 15 (docs/perf-notes.md,
-// gemm_h200_s15_final.json): Llama geomean 1.29 / 1.27 / 1.21 / 1.06 / 0.77 of cuBLAS at 1 / 16 /
-// 32 / 64 / 128 tokens (v1 in the same call 1.27 / 1.25 / 1.16 / 0.96 / -); decode-step graph
-// set 0.77 (v1 0.79). Session 15 runs down-like weights at 1-16 tokens as whole-K clusters
+// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 16 (docs/perf-notes.md,
+// gemm_h200_s16_final.json): Llama geomean 1.29 / 1.28 / 1.21 / 1.06 / 0.77 of cuBLAS at 1 / 16 /
+// 32 / 64 / 128 tokens (v1 in the same call 1.27 / 1.26 / 1.14 / 0.96 / -); decode-step graph
+// set 0.764-0.768 (v1 0.80). Session 16 added the DEEP loop (o-like slices at 9-16 tokens) and
+// PDL on unsplit grids at <= 16 tokens. Session 15 runs down-like weights at 1-16 tokens as whole-K clusters
 // (gemm_w12_wholek_sm90.cu: same bits, no reduce kernel), session 14's split layout
 // (decode16_split) took 64 tokens from 0.99 to 1.05 in a same-call A/B, session 13's
 // shared-memory epilogue 64 / 128 tokens from 0.97 / 0.69 (session 12); sessions 11-12 took 1 / 16
@@ -55,6 +56,11 @@ constexpr int kThreads = 128;  // one warpgroup
 constexpr int kOneWarpgroup = 1 << 19;  // diagnostic 524288 (v1's "never 8-warp CTAs"): WG = 1
 constexpr int kRowPairs = 1 << 18;      // diagnostic 262144: WG = 4, two row tiles per CTA
 constexpr int kNoRowPairs = 8;          // diagnostic 8: one row tile per CTA at 65..128 tokens too
+// Bits 20+ of GemmArgs::flags are the launchers' own (smxx_gemm_epilogue.cuh), so v4's later
+// diagnostics reuse bits that only v1 reads (v1: with W12_GEMM_PDL=1, 256 and 1024).
+constexpr int kDeep = 256;              // diagnostic 256: the DEEP loop at every grid up to 16 tokens
+constexpr int kNoDeep = 1024;           // diagnostic 1024: never the DEEP loop
+constexpr int kDeepStages = 6;          // its ring (4 records in flight); launch_pick's "stages" for it
 
 // One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
 // as fix_escapes does.
@@ -205,8 +211,14 @@ template <int WG, int NCH>
 struct V4Blocks {
   static constexpr int value = WG == 4 ? 1 : WG == 2 ? (NCH <= 4 ? 4 : NCH <= 8 ? 3 : 2) : 2;
 };
-template <int NCH, int STAGES, bool OVERLAP, int WG>
-__global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_w12_wgmma_kernel(const WParams p) {
+// DEEP (session 16): record i-1's wgmma stays in flight while record i is decoded into the other
+// of two A buffers (wgmma.wait_group 1), so neither the wgmma's latency nor the decode is on the
+// other's path; the stage refilled is record i-2's (its B tile may still be read by record i-1's
+// wgmma until then), so the copy distance is STAGES - 2. The same wgmma in the same order: the
+// same bits. Taken by gemm_wgmma_launch for short K slices at 9..16 tokens (below).
+template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false>
+__global__ void __launch_bounds__(kThreads * WG, DEEP ? 2 : V4Blocks<WG, NCH>::value)
+    gemm_w12_wgmma_kernel(const WParams p) {
 #if W12_WGMMA
   constexpr int NTH = kThreads * WG;    // threads per CTA
   constexpr int MTW = WG == 1 ? 2 : 1;  // m-tiles per thread
@@ -289,8 +301,9 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
 #pragma unroll
     for (int i = 0; i < ND; ++i) acc[mt][i] = 0.f;
 
+  constexpr int kAhead = DEEP ? STAGES - 2 : STAGES - 1;  // records in flight after a refill
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < nrec) load_stage(s, s);
     cp_async_commit();
   }
@@ -303,9 +316,9 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
   // serialising it (see the loop below): within 1-2 % of the plain form either way, so the
   // wgmma wait is not what limits this kernel.
   // Ring slots as running indices (i % STAGES cost a multiply-shift sequence, three per step).
-  int rd_slot = 0, wr_slot = STAGES - 1;
+  int rd_slot = 0, wr_slot = kAhead;
   auto step = [&](int i, uint32_t(&buf)[16 * MTW]) {
-    cp_async_wait<STAGES - 2>();
+    cp_async_wait<kAhead - 1>();
     fence_proxy_async_smem();
     const int slot = rd_slot;
     rd_slot = rd_slot == STAGES - 1 ? 0 : rd_slot + 1;
@@ -318,15 +331,20 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
         decode16_split(h, l, buf + 8 * q, opaque_k38(static_cast<uint32_t>(p.M) >> 30));  // see decode16
       }
     };
-    if constexpr (OVERLAP) decode();
-    wgmma_wait0();
+    if constexpr (DEEP) {
+      wgmma_wait1();  // record i-2's wgmma (this A buffer, the stage refilled below) retired
+      decode();
+    } else {
+      if constexpr (OVERLAP) decode();
+      wgmma_wait0();
 #pragma unroll
-    for (int mt = 0; mt < MTW; ++mt)
+      for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
-      for (int k = 0; k < ND; ++k) pin(acc[mt][k]);
-    if constexpr (!OVERLAP) decode();
-    __syncthreads();  // every thread's copies of stage i landed; every read of stage i-1 done
-    if (i + STAGES - 1 < nrec) load_stage(wr_slot, i + STAGES - 1);
+        for (int k = 0; k < ND; ++k) pin(acc[mt][k]);
+      if constexpr (!OVERLAP) decode();
+    }
+    __syncthreads();  // every thread's copies of stage i landed; every read of the refilled stage done
+    if (i + kAhead < nrec) load_stage(wr_slot, i + kAhead);
     cp_async_commit();
     wr_slot = wr_slot == STAGES - 1 ? 0 : wr_slot + 1;
     wgmma_fence();
@@ -339,7 +357,7 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
     }
     wgmma_commit();
   };
-  if constexpr (OVERLAP) {
+  if constexpr (OVERLAP || DEEP) {
     // No control-flow path may reach a decode into a buffer whose wgmma has not been retired:
     // ptxas cannot tell that a conditional second step is never followed by another pass, and
     // with `if (i + 1 < nrec) step(i + 1, a1)` inside the loop it serialised every wgmma (C7513).
@@ -412,11 +430,11 @@ __global__ void __launch_bounds__(kThreads * WG, V4Blocks<WG, NCH>::value) gemm_
 }
 
 // smem_min: shared memory asked for beyond the ring, to cap the CTAs an SM holds (PDL, below).
-template <int NCH, int STAGES, bool OVERLAP, int WG>
+template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false>
 cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stream) {
   int smem = max(STAGES * ((WG == 4 ? 2 : 1) * kRec + NCH * 8 * 128), smem_min);
   if (NCH >= 8 && p.S == 1) smem = max(smem, epilogue_smem_bytes(NCH, WG == 4 ? 2 : 1));
-  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG>;
+  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG, DEEP>;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
@@ -443,6 +461,9 @@ cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int 
                        : launch_w<16, 4, false, 2>(p, grid, smem_min, stream);
   } else {
     const bool two_wg = wg == 2;
+    if constexpr (NCH <= 2) {
+      if (stages == kDeepStages && two_wg && !overlap) return launch_w<NCH, kDeepStages, false, 2, true>(p, grid, smem_min, stream);
+    }
     if (overlap)
       return two_wg ? launch_w<NCH, 3, true, 2>(p, grid, smem_min, stream) : launch_w<NCH, 3, true, 1>(p, grid, smem_min, stream);
     if (stages == 3)
@@ -592,6 +613,16 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // small ones (o 11.1 -> 10.9, down 29.5 -> 28.7) and on gate_up at 64 tokens (77.7 -> 72.4).
     int st = wave_stages(grid, di, ring_bytes(3, nch, rt), nch == 8);
     if (a.stages == 3 || a.stages == 4) st = a.stages;
+    // The DEEP loop (6 stages) for K slices of <= 8 records at 9..16 tokens where the grid holds
+    // <= 2 CTAs per SM (o [4096, 4096]: S = 8, 256 CTAs). Session 16 (docs/perf-notes.md), same
+    // call, two rounds: o 10.80 / 10.77 -> 10.27 / 10.24 us at 16 tokens, level at 1-4 tokens;
+    // longer CTAs level or slower (gate_up -0.2..+0.4 us, 32B [10240, 5120] +0.45, lm_head +4,
+    // qkv's 384 CTAs +1.5 at two per SM); at 17-32 tokens (a build with it for 32 tokens) slower
+    // on every shape, o +0.3..0.7 us, down +0.8..1.4. Diagnostic 256 takes it at every grid up
+    // to 16 tokens, 1024 never.
+    const bool deep_fits = nch <= 2 && wg == 2 && !ov && a.stages == 0 && !(a.flags & kNoDeep);
+    if (deep_fits && ((a.flags & kDeep) || (nch == 2 && p.S > 1 && p.kper <= 8 && grid <= 2 * di.sms)))
+      st = kDeepStages;
     // With PDL the CTAs are placed while the previous kernel still holds SMs; capped at what an
     // even spread needs (ceil(grid / SMs) per SM, through the shared-memory request) so that they
     // cannot pile onto the SMs that happen to be free first. Session 9: uncapped, PDL made v4's

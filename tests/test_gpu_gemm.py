@@ -503,6 +503,9 @@ def test_v1_ring_depth_changes_no_bit(n, k, m, monkeypatch):
         ("16", "0"),
         ("131072", "0"),
         ("133120", "0"),
+        ("256", "0"),
+        ("272", "0"),
+        ("1024", "0"),
     ],
 )
 @pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 100])
@@ -516,7 +519,10 @@ def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
     # 131072: whole-K clusters for short slices too (4096 x 4096 at 1 and 9 tokens: 8 records),
     # 133120 the same without their early launch_dependents; 2: the unsplit grids' per-output epilogue (row data and escapes reloaded per
     # token) instead of the per-row one (up to 32 tokens) or the shared-memory one (64 and 100);
-    # W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch.
+    # W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch; 256: the deep loop
+    # (record i-1's wgmma in flight while record i is decoded) at every grid up to 16 tokens, 272
+    # the same with the split grid where whole-K clusters would run; 1024: never the deep loop
+    # (4096 x 4096 at 9 tokens takes it by default).
     # The same wgmma in the same order for every output element, so the same bits.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     gen = torch.Generator().manual_seed(111 + m)

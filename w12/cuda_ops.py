@@ -23,11 +23,14 @@ Settings (environment, read on each call):
       and calls cuBLAS instead of running the fused kernel in passes of 64 token rows (v1-v3) or
       128 (v4) (the kernel's determinism across M holds for M up to this value).
   ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3, v1 and v4:
-      ``auto`` = v3, and v1 and v4 at <= 16 tokens where K is split in >= 4 slices (what measured
-      faster), ``1`` = always, ``0`` = never. Timing only: the bits never change. (v2 never uses it.)
+      ``auto`` = v3, and v1 and v4 at <= 16 and 33-64 tokens where K is split in >= 4 slices, v4
+      also on unsplit grids at <= 16 tokens and on every grid at <= 8 (what measured faster; see
+      ``_pdl``), ``1`` = always, ``0`` = never. Timing only: the bits never change. (v2 never uses
+      it.)
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); v1: 1 and 2 skip work and give wrong results on purpose; v4: 1
-      and 65536 (no reduce kernel) do, 2 is the unsplit grids' per-output epilogue (same bits).
+      and 65536 (no reduce kernel) do, 2 is the unsplit grids' per-output epilogue, 256 / 1024
+      the deep loop everywhere up to 16 tokens / nowhere (same bits); README lists all.
 """
 
 from __future__ import annotations
@@ -284,7 +287,12 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     at 64). v4 follows v1's rule, its CTAs capped per SM (session 9), and since session 14 also
     takes it at 33-64 tokens (qkv, o, down -0.5..0.65 us at 64; at 32 tokens it lost up to 3 %);
     since session 15 v1 too (call 1, two rounds: qkv 19.0 -> 18.4, o 14.8 -> 14.2, down 33.0 ->
-    32.5 us at 64 tokens; qkv +1.5..2 us at 32). Timing only: the bits never change. v2 has none.
+    32.5 us at 64 tokens; qkv +1.5..2 us at 32). Since session 16 v4 also takes it on unsplit
+    grids at <= 16 tokens and on every grid at <= 8 (two rounds each: gate_up -0.4..1.1 us at 1-16
+    tokens, lm_head level to -1.5, 32B [51200, 5120] -0.2..0.5, 32B [10240, 5120] (3 slices)
+    -0.4..0.5 at 1-4 tokens but +0.9 at 16; the decode-step graph set 0.770 -> 0.764), where
+    session 11 had measured gate_up 5 % slower with it. Timing only: the bits never change. v2 has
+    none.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
     if raw not in ("auto", "0", "1"):
@@ -292,6 +300,8 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     if raw != "auto":
         return raw == "1"
     if kver == 3:
+        return True
+    if kver == 4 and (m <= 8 or (m <= 16 and splits(n, k, device, kver) == 1)):
         return True
     in_band = m <= 16 or 32 < m <= 64
     return kver in (1, 4) and in_band and splits(n, k, device, kver) >= 4
