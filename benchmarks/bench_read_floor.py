@@ -146,6 +146,8 @@ def main(argv=None) -> int:
     )
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "read_floor_h200.json"))
     a = p.parse_args(argv)
+    if a.chunk and (a.chunk < 0 or a.chunk % 16 or not a.grids):
+        p.error(f"--chunk {a.chunk}: must be a positive multiple of 16 bytes, used with --grids")
     if not torch.cuda.is_available():
         print("error: bench_read_floor needs a CUDA GPU", file=sys.stderr)
         return 2

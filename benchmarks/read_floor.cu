@@ -53,15 +53,23 @@ __global__ void __launch_bounds__(kMaxThreads) read_chunks_kernel(const uint4* _
   const size_t nchunks = (n + chunk - 1) / chunk, G = gridDim.x;
   const size_t mine = blockIdx.x < nchunks ? (nchunks - blockIdx.x + G - 1) / G : 0;
   const size_t words = mine * chunk;
+  // The thread's place (local chunk j, word w) advances by blockDim.x words per load: kept as a
+  // running pair, since a division per load made this loop issue-bound (it is a memory probe).
+  const uint32_t dj = blockDim.x / chunk, dw = blockDim.x % chunk;
+  uint32_t j = threadIdx.x / chunk, w = threadIdx.x % chunk;
   uint32_t acc = 0;
   for (size_t f = threadIdx.x; f < words; f += (size_t)blockDim.x * kUnroll) {
     uint4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const size_t fu = f + (size_t)u * blockDim.x;
-      const uint32_t j = static_cast<uint32_t>(fu / chunk), w = static_cast<uint32_t>(fu - (size_t)j * chunk);
       const size_t g = ((size_t)j * G + blockIdx.x) * chunk + w;
-      v[u] = fu < words && g < n ? ld_stream(src + g) : make_uint4(0, 0, 0, 0);
+      v[u] = f + (size_t)u * blockDim.x < words && g < n ? ld_stream(src + g) : make_uint4(0, 0, 0, 0);
+      j += dj;
+      w += dw;
+      if (w >= chunk) {
+        w -= chunk;
+        ++j;
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
