@@ -50,7 +50,9 @@ struct GemmArgs : GemmOperands {
                             // instead of two up to 64 tokens, 262144 = two row tiles per CTA from 33 tokens up (same bits),
                             // 1 = activation tiles copied for the first ring stages only (wrong output), 2 = the
                             // per-output epilogue of unsplit grids (same bits), 256 / 1024 = the deep loop at
-                            // every grid up to 16 tokens / never (same bits; v1 reads these two only with PDL)
+                            // every grid up to 16 tokens / never (same bits; v1 reads these two only with PDL),
+                            // 512 / 128 = the pair grid on every split grid up to 64 tokens / never (same bits;
+                            // v1 reads 512 as its in-kernel ticket reduction)
 };
 
 // Argument checks shared by every launcher (M == 0 is valid and launches nothing).
@@ -88,7 +90,9 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream);
 // a.workspace in v1's order ([row tile][slice][fragment][thread] of a 4-warp CTA) for tokens
 // m0 .. m0+tokens-1, and writes y with v1's epilogue. The GEMM before it must trigger its
 // dependents (griddepcontrol.launch_dependents) or simply finish.
-cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream);
+// pairs_parked: the GEMM parked one partial per pair of slices (S counts those partials).
+cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream,
+                               bool pairs_parked = false);
 
 // v4, Hopper wgmma (kernels_sm90/gemm_w12_wgmma_sm90.cu, sm_90a only): K slices by v1's rule
 // with v4's fill (gemm_splits(..., 4)), summed by v1's reduce kernel; up to kWgmmaMaxTokens

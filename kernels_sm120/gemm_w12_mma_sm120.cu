@@ -14,7 +14,8 @@
 //   session 6; benchmarks/sass_report.py shows it without a GPU).
 //   Row data for the epilogue (base, escape ranges, bias) is loaded before the main loop.
 // - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs, SMs, kernel)
-//   only. Partial sums are added in slice order by one of three paths with identical bits: on
+//   only. Partial sums are added in add_slice's order (smxx_gemm_common.cuh: in pairs, then the
+//   pairs in order) by one of three paths with identical bits: on
 //   sm_90+ the slices store partials for a PDL-launched reduce kernel (or, diagnostic 65536, reduce through
 //   a cluster's shared memory above 8 tokens); elsewhere the last CTA of a row tile to arrive
 //   (atomic ticket) adds them. Every output element is therefore summed in one fixed order that does
@@ -243,7 +244,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   if (p.S > 1 && p.cluster) {
     // Cluster reduction: the S slices of this row tile are the S CTAs of one cluster. Each
     // parks its partial in its own shared memory; after a cluster barrier, CTA `split` sums
-    // fragments f = split, split + S, ... over ranks 0..S-1 (the same fixed order as the global
+    // fragments f = split, split + S, ... over ranks 0..S-1 (add_slice's order, as the global
     // path below, so both give identical bits) straight out of the other CTAs' shared memory.
     // This replaces a global fence + atomic + L2 round trips by two cluster barriers and DSMEM
     // reads (measured: much faster once M >= 16; at M <= 8 the global path is used).
@@ -258,12 +259,12 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
         part[(mt * NCH + j) * kT + tid] = make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
     cluster.sync();
     for (int f = split; f < kFrag; f += p.S) {
-      float sum[4];
+      float sum[4], pend[4] = {0.f, 0.f, 0.f, 0.f};
       for (int sl = 0; sl < p.S; ++sl) {
         const float4 v = *cluster.map_shared_rank(part + f * kT + tid, sl);
         const float vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) sum[i] = sl == 0 ? vv[i] : __fadd_rn(sum[i], vv[i]);
+        for (int i = 0; i < 4; ++i) add_slice(sum[i], pend[i], vv[i], sl, p.S);
       }
       const int mtl = f / NCH;
       store_fragment<NCH, MTW>(sum, nbase + 16 * mtl, mtl, f % NCH, rd, p);
@@ -295,11 +296,12 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     if (!s_last) return;
     __threadfence();
     const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
-    // Fixed order: slice 0 + slice 1 + ... whoever reduces (its own slice is read back too, so
-    // the accumulator registers can hold the running sum). Slices are fetched U at a time with
+    // Fixed order (add_slice: in pairs, then the pairs in order) whoever reduces (its own slice
+    // is read back too, so the accumulator registers can hold the running sum). Slices are fetched U at a time with
     // all their loads issued before the first add: ~S/U L2 round trips instead of one per
     // (slice, fragment).
     constexpr int U = kFrag >= 4 ? 1 : 8 / kFrag;
+    float pend[MTW][NCH][4] = {};
     for (int s0 = 0; s0 < p.S; s0 += U) {
       float4 v[U][MTW][NCH];
 #pragma unroll
@@ -320,7 +322,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
             for (int j = 0; j < NCH; ++j) {
               const float vv[4] = {v[u][mt][j].x, v[u][mt][j].y, v[u][mt][j].z, v[u][mt][j].w};
 #pragma unroll
-              for (int i = 0; i < 4; ++i) acc[mt][j][i] = s0 + u == 0 ? vv[i] : __fadd_rn(acc[mt][j][i], vv[i]);
+              for (int i = 0; i < 4; ++i) add_slice(acc[mt][j][i], pend[mt][j][i], vv[i], s0 + u, p.S);
             }
         }
     }

@@ -1,9 +1,9 @@
 // Split-K reduction of the W12 GEMMs on sm_90+ (v1's and v4's K slices), as its own kernel
 // launched with programmatic dependent launch behind the GEMM: one CTA per (row tile, 8-token
-// chunk) adds the slices' partials in slice order 0..S-1 (the order every path uses, so the bits
-// do not depend on which path or M) and runs the epilogue. Everything that does not depend on the
-// GEMM (row data, the escapes and the activations they multiply) is loaded before
-// griddepcontrol.wait, so after it only the partials are a memory round trip.
+// chunk) adds the slices' partials in add_slice's order (smxx_gemm_common.cuh: the order every
+// path uses, so the bits do not depend on which path or M) and runs the epilogue. Everything that
+// does not depend on the GEMM (row data, the escapes and the activations they multiply) is loaded
+// before griddepcontrol.wait, so after it only the partials are a memory round trip.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -87,9 +87,10 @@ __device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int n
 // -> fragment map, launched with programmatic dependent launch behind the GEMM. Row data and the
 // escapes' activations (STAGE: all staged escapes; else each row's first escape at <= 8 tokens)
 // are loaded before griddepcontrol.wait (they do not depend on the GEMM); after it, the slices'
-// partials are fetched 8 at a time and summed in slice order 0..S-1, the same adds as every other
-// path, so the bits are the same. This takes the in-kernel chain (fence, ticket, 1-2 partial
-// round trips, epilogue loads) or the cluster barriers off the critical tail, and lifts the
+// partials are fetched 8 at a time (an even count: pairs never straddle two fetches) and summed in
+// add_slice's order, the same adds as every other path, so the bits are the same. This takes the
+// in-kernel chain (fence, ticket, 1-2 partial round trips, epilogue loads) or the cluster barriers
+// off the critical tail, and lifts the
 // cluster's limit of 8 slices. STAGE needs sizeof(StagedEscapes) of dynamic shared memory. B:
 // slices fetched per batch (the loads in flight per thread), the smallest of 2, 4, 8 that covers
 // S up to 8: the registers for 8 would hold an S = 2 grid (gate_up) to 4 CTAs per SM.
@@ -116,6 +117,11 @@ __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KPa
   // prefetched lines were evicted again before use (measured: o 13.0 -> 14.7 us at M = 1).
   pdl_launch_dependents();
   const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
+  // The slices in add_slice's order, spelled out with B even so that a pair never straddles two
+  // fetches: q = p_s (+ p_{s+1} where slice s+1 exists), acc = q, then acc + q. kPairsParked: the
+  // GEMM parked one partial per pair, already added, so those are added left to right. (Through
+  // add_slice's per-element branches the kernel took ~0.5 us longer at M = 1 on qkv and o.)
+  const bool pairs_parked = (p.flags & kPairsParked) != 0;
   float acc[MTW][4];
 #pragma unroll 1
   for (int s0 = 0; s0 < p.S; s0 += B) {
@@ -126,15 +132,30 @@ __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KPa
       for (int mt = 0; mt < MTW; ++mt)
         v[s][mt] = (live && s0 + s < p.S) ? __ldcg(tile + (size_t)(s0 + s) * (kFrag * kT) + (mt * NCH + j) * kT)
                                           : make_float4(0.f, 0.f, 0.f, 0.f);
+    auto fold = [&](float (&a)[4], const float4& q4, bool first) {
+      const float q[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
-    for (int s = 0; s < B; ++s)
+      for (int i = 0; i < 4; ++i) a[i] = first ? q[i] : __fadd_rn(a[i], q[i]);
+    };
+    if (pairs_parked) {
 #pragma unroll
-      for (int mt = 0; mt < MTW; ++mt)
-        if (s0 + s < p.S) {
-          const float vv[4] = {v[s][mt].x, v[s][mt].y, v[s][mt].z, v[s][mt].w};
+      for (int s = 0; s < B; ++s)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[mt][i] = s0 + s == 0 ? vv[i] : __fadd_rn(acc[mt][i], vv[i]);
-        }
+        for (int mt = 0; mt < MTW; ++mt)
+          if (s0 + s < p.S) fold(acc[mt], v[s][mt], s0 + s == 0);
+    } else {
+#pragma unroll
+      for (int s = 0; s < B; s += 2)
+#pragma unroll
+        for (int mt = 0; mt < MTW; ++mt)
+          if (s0 + s < p.S) {
+            const float4 a = v[s][mt], b = v[s + 1][mt];
+            const bool two = s0 + s + 1 < p.S;
+            const float4 q =
+                two ? make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w)) : a;
+            fold(acc[mt], q, s0 + s == 0);
+          }
+    }
   }
   if constexpr (STAGE) {
     __syncthreads();  // the staged escapes are complete
@@ -200,12 +221,13 @@ cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStrea
   return wide ? cudaErrorInvalidValue : launch_reduce<16, 2>(p, tiles, stream);
 }
 
-cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream) {
+cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream, bool pairs_parked) {
   KParams p{};
   set_split_pass(p, a, m0, tokens, S);
   p.ws = static_cast<float4*>(a.workspace);
   // v4 parks partials in the 4-warp map: no kWide here, whatever diagnostics a.flags carries.
-  p.flags = a.flags | kReduceKernel | kPdl;
+  p.flags = (a.flags & ~(kReduceKernel | kPdl | kWide | kPairsParked)) | kReduceKernel | kPdl |
+            (pairs_parked ? kPairsParked : 0);
   return launch_reduce_for(p, (a.N + 127) / 128, tokens, stream);
 }
 

@@ -63,6 +63,23 @@ __device__ __forceinline__ void mma_record(float (&acc)[MT][NCH][4], const uint3
   }
 }
 
+// The one order in which every W12 GEMM path (v1's in-kernel and cluster reductions, the reduce
+// kernel, v4's whole-K clusters) adds the K slices' partials p_0 .. p_{S-1} of an output: in
+// pairs, then the pairs left to right, y = ((p0 + p1) + (p2 + p3)) + (p4 + p5) ..., an odd last
+// slice on its own (session 17; slice order 0..S-1 before). A CTA that runs slices 2j and 2j+1
+// can add its pair itself and park one partial for the two, which halves what the reduction reads
+// without changing a bit. Call with s = 0 .. S-1 in order; pend carries a pair's first slice.
+__device__ __forceinline__ void add_slice(float& acc, float& pend, float v, int s, int S) {
+  if (s & 1) {
+    const float q = __fadd_rn(pend, v);
+    acc = s == 1 ? q : __fadd_rn(acc, q);
+  } else if (s + 1 == S) {
+    acc = s == 0 ? v : __fadd_rn(acc, v);
+  } else {
+    pend = v;
+  }
+}
+
 struct DevInfo {
   int sms = 0, smem_sm = 0, smem_optin = 0, major = 0, minor = 0;
 };

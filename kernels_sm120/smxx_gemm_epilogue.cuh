@@ -25,6 +25,9 @@ constexpr int kReduceKernel = 1 << 20;
 constexpr int kPdl = 1 << 21;
 // Set by the launcher: 8-warp CTAs (MTW = 1) for this launch (gemm_launch says when).
 constexpr int kWide = 1 << 22;
+// The reduce kernel's partials are one per pair of K slices, each pair already added (v4's pair
+// grid at 17..64 tokens); without it, one per slice.
+constexpr int kPairsParked = 1 << 23;
 
 struct KParams : GemmOperands {
   float4* ws;

@@ -7,13 +7,15 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 16 (docs/perf-notes.md,
-// gemm_h200_s16_final.json): Llama geomean 1.29 / 1.28 / 1.21 / 1.06 / 0.77 of cuBLAS at 1 / 16 /
-// 32 / 64 / 128 tokens (v1 in the same call 1.27 / 1.26 / 1.14 / 0.96 / -); decode-step graph
-// set 0.764-0.768 (v1 0.80). Session 16 added the DEEP loop (o-like slices at 9-16 tokens) and
-// PDL on unsplit grids at <= 16 tokens. Session 15 runs down-like weights at 1-16 tokens as whole-K clusters
-// (gemm_w12_wholek_sm90.cu: same bits, no reduce kernel), session 14's split layout
-// (decode16_split) took 64 tokens from 0.99 to 1.05 in a same-call A/B, session 13's
+// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 17 (docs/perf-notes.md,
+// gemm_h200_s17_final.json): Llama geomean 1.30 / 1.28 / 1.22 / 1.08 / 0.77 of cuBLAS at 1 / 16 /
+// 32 / 64 / 128 tokens (v1 in the same call 1.30 / 1.27 / 1.12 / 0.95 / -); decode-step graph
+// set 0.752 in that call, 0.760-0.761 in a same-build A/B on another H200 (v1 0.78). Session 17
+// added the PAIR grid (qkv-like weights at 17-64 tokens) on the slices' new pair order; session 16
+// the DEEP loop (o-like slices at 9-16 tokens) and PDL on unsplit grids at <= 16 tokens. Session
+// 15 runs down-like weights at 1-16 tokens as whole-K clusters (gemm_w12_wholek_sm90.cu: same
+// bits, no reduce kernel), session 14's split layout (decode16_split) took 64 tokens from 0.99 to
+// 1.05 in a same-call A/B, session 13's
 // shared-memory epilogue 64 / 128 tokens from 0.97 / 0.69 (session 12); sessions 11-12 took 1 / 16
 // tokens from 1.21 / 1.08 (session 10). Its bits differ from v1's (about 2-4e-4 of the outputs:
 // wgmma and mma.sync round the k16 products differently), so `auto` takes it for every M or for
@@ -33,9 +35,10 @@
 //   a gather of four 4-byte pairs (ncu at 64 tokens: L1/TEX 79 % busy).
 // - K-split like v1: gemm_splits() slices (a function of N, K and the SM count, never of M; v4
 //   leaves a few more weights unsplit than v1, see there); the
-//   slices park partials that v1's PDL reduce kernel adds in slice order, so the bits are the
-//   same for every M. Where whole-K clusters run (wholek_stages), they add the same partials in
-//   the same order inside the cluster instead.
+//   slices park partials that v1's PDL reduce kernel adds in add_slice's order (pairs, then the
+//   pairs in order), so the bits are the same for every M; at 17..64 tokens one CTA runs each pair
+//   of slices and parks their sum (PAIR). Where whole-K clusters run (wholek_stages), they add the
+//   same partials in the same order inside the cluster instead.
 // - Each thread streams its own fragment bytes of every record (v1's per-thread cp.async ring,
 //   STAGES deep); fence.proxy.async makes the activation tile visible to wgmma.
 #include <cuda_bf16.h>
@@ -61,6 +64,8 @@ constexpr int kNoRowPairs = 8;          // diagnostic 8: one row tile per CTA at
 constexpr int kDeep = 256;              // diagnostic 256: the DEEP loop at every grid up to 16 tokens
 constexpr int kNoDeep = 1024;           // diagnostic 1024: never the DEEP loop
 constexpr int kDeepStages = 6;          // its ring (4 records in flight); launch_pick's "stages" for it
+constexpr int kNoPairs = 128;           // diagnostic 128: never the pair grid (PAIR)
+constexpr int kPairsAll = 512;          // diagnostic 512: the pair grid on every split grid (S >= 2, <= 64 tokens)
 
 // One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
 // as fix_escapes does.
@@ -216,8 +221,11 @@ struct V4Blocks {
 // other's path; the stage refilled is record i-2's (its B tile may still be read by record i-1's
 // wgmma until then), so the copy distance is STAGES - 2. The same wgmma in the same order: the
 // same bits. Taken by gemm_wgmma_launch for short K slices at 9..16 tokens (below).
-template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false>
-__global__ void __launch_bounds__(kThreads * WG, DEEP ? 2 : V4Blocks<WG, NCH>::value)
+// PAIR (session 17): each CTA of a split grid runs two consecutive K slices (2j, 2j+1) one after
+// the other, each from zero, adds the pair (add_slice's order) and parks one partial for the two:
+// half the CTAs, half the partials written and read, the same bits. Plain loop, WG <= 2 only.
+template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false>
+__global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<WG, NCH>::value)
     gemm_w12_wgmma_kernel(const WParams p) {
 #if W12_WGMMA
   constexpr int NTH = kThreads * WG;    // threads per CTA
@@ -234,12 +242,14 @@ __global__ void __launch_bounds__(kThreads * WG, DEEP ? 2 : V4Blocks<WG, NCH>::v
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int quarter = (tid >> 5) & 3, mt0 = WG == 1 ? 0 : (tid >> 7) & 1;  // mt0: this thread's first m-tile
   const int rtl = WG == 4 ? tid >> 8 : 0;  // this thread's row tile within the CTA
-  const int rowtile = (blockIdx.x / p.S) * RT + rtl, split = blockIdx.x % p.S;
+  const int SP = PAIR ? (p.S + 1) / 2 : p.S;  // CTAs (and parked partials) per row tile
+  const int rowtile = (blockIdx.x / SP) * RT + rtl, split = blockIdx.x % SP;
   // An odd last row tile leaves the second of its pair empty: those warpgroups copy nothing,
   // multiply whatever their ring holds and store nothing, but keep every barrier.
   const bool rt_ok = RT == 1 || rowtile * 128 < p.N;
-  const int kt0 = split * p.kper;
-  const int nrec = min(p.KT - kt0, p.kper);
+  const int kt0 = (PAIR ? 2 * split : split) * p.kper;
+  const int nrec1 = min(p.KT - kt0, p.kper);                   // the (first) slice's records
+  const int nrec = PAIR ? min(p.KT - kt0, 2 * p.kper) : nrec1;  // PAIR: both slices'
   const uint8_t* rec0 = p.records + ((size_t)(rt_ok ? rowtile : 0) * p.KT + kt0) * kRec;
   // With PDL this grid may start while the previous kernel still runs: nothing it reads may be
   // touched before the wait (records included: a kernel before this one may have written them).
@@ -368,6 +378,33 @@ __global__ void __launch_bounds__(kThreads * WG, DEEP ? 2 : V4Blocks<WG, NCH>::v
       step(i + 1, a1);
     }
     if (i < nrec) step(i, a0);
+  } else if constexpr (PAIR) {
+    // Slice 2j into acc, then (if the pair has a second slice) slice 2j+1 from zero; both loops
+    // unconditional and no branch around the accumulator copies (ptxas serialises every wgmma of
+    // a kernel that writes accumulators under a branch next to them, C7515).
+    uint32_t a[16 * MTW];
+    int i = 0;
+    for (; i < nrec1; ++i) step(i, a);
+    wgmma_wait0();
+    float first[MTW][ND];
+#pragma unroll
+    for (int mt = 0; mt < MTW; ++mt)
+#pragma unroll
+      for (int k = 0; k < ND; ++k) {
+        pin(acc[mt][k]);
+        first[mt][k] = acc[mt][k];
+        acc[mt][k] = 0.f;
+      }
+    for (; i < nrec; ++i) step(i, a);
+    wgmma_wait0();
+    const bool two = nrec > nrec1;
+#pragma unroll
+    for (int mt = 0; mt < MTW; ++mt)
+#pragma unroll
+      for (int k = 0; k < ND; ++k) {
+        pin(acc[mt][k]);
+        acc[mt][k] = two ? __fadd_rn(first[mt][k], acc[mt][k]) : first[mt][k];
+      }
   } else {
     uint32_t a[16 * MTW];
     for (int i = 0; i < nrec; ++i) step(i, a);
@@ -417,10 +454,10 @@ __global__ void __launch_bounds__(kThreads * WG, DEEP ? 2 : V4Blocks<WG, NCH>::v
   }
   // K split: park the partial in v1's order ([tile][slice][fragment][thread], fragment mt*NCH + j
   // holding rows 16mt + g (+8), tokens 8j + 2t (+1): the same map as v1's 4-warp CTA), and v1's
-  // PDL reduce kernel sums the slices in slice order and runs the epilogue. This replaced a
+  // PDL reduce kernel sums the slices in add_slice's order and runs the epilogue. This replaced a
   // thread-block cluster per row tile, which v1 measured slower at every M (docs/perf-notes.md).
   if (!rt_ok) return;
-  float4* mine = p.ws + ((size_t)rowtile * p.S + split) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
+  float4* mine = p.ws + ((size_t)rowtile * SP + split) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
@@ -430,11 +467,11 @@ __global__ void __launch_bounds__(kThreads * WG, DEEP ? 2 : V4Blocks<WG, NCH>::v
 }
 
 // smem_min: shared memory asked for beyond the ring, to cap the CTAs an SM holds (PDL, below).
-template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false>
+template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false>
 cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stream) {
   int smem = max(STAGES * ((WG == 4 ? 2 : 1) * kRec + NCH * 8 * 128), smem_min);
   if (NCH >= 8 && p.S == 1) smem = max(smem, epilogue_smem_bytes(NCH, WG == 4 ? 2 : 1));
-  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG, DEEP>;
+  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG, DEEP, PAIR>;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
@@ -447,7 +484,12 @@ cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stre
 // thread).
 template <int NCH>
 cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int grid, int smem_min,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool pair = false) {
+  if constexpr (NCH <= 8) {
+    if (pair)
+      return stages == 3 ? launch_w<NCH, 3, false, 2, false, true>(p, grid, smem_min, stream)
+                         : launch_w<NCH, 4, false, 2, false, true>(p, grid, smem_min, stream);
+  }
   if constexpr (NCH >= 4) {
     if (wg == 4) {
       if (overlap) return launch_w<NCH, 3, true, 4>(p, grid, smem_min, stream);
@@ -600,7 +642,17 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // leave 20 of 132 SMs idle).
     if (((a.flags & kRowPairs) && nch >= 4) || (nch == 16 && p.kper >= 16 && !(a.flags & kNoRowPairs))) wg = 4;
     const int rt = wg == 4 ? 2 : 1;
-    const int grid = (nt + rt - 1) / rt * p.S;
+    // The pair grid (PAIR, session 17): one CTA per two consecutive K slices, one parked partial
+    // per pair, at 17..64 tokens on weights cut into >= 4 slices whose pair grid still covers the
+    // SMs (qkv [6144, 4096]: 8 slices of 8 records, 384 -> 192 CTAs; same call: 15.9 -> 15.3 us
+    // at 32 tokens, 18.5 -> 17.7 at 64). Where it would leave SMs idle it lost: o [4096, 4096]
+    // (128 CTAs) +0.4 us at 32 tokens, down +0.5..0.75, 32B [5120, 25600] +2..3.6. Diagnostic
+    // 512: every split grid up to 64 tokens, 128: never. Same bits (add_slice's order).
+    const int pair_grid = (nt + rt - 1) / rt * ((p.S + 1) / 2);
+    const bool pair = p.S >= 2 && wg == 2 && nch <= 8 && ((a.flags & 64) == 0) && !(a.flags & kNoPairs) &&
+                      ((a.flags & kPairsAll) || (p.S >= 4 && tokens > 16 && pair_grid >= di.sms));
+    const int sp = pair ? (p.S + 1) / 2 : p.S;  // CTAs (parked partials) per row tile
+    const int grid = (nt + rt - 1) / rt * sp;
     // The overlap form (decode of record i+1 behind record i's wgmma): diagnostic 64 up to 64
     // tokens; the default at 65..128, where the four m64n128k16 per record are long enough that
     // it pays (session 10, docs/perf-notes.md: Llama geomean 0.604 -> 0.633, down 55.0 -> 47.5
@@ -620,7 +672,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // qkv's 384 CTAs +1.5 at two per SM); at 17-32 tokens (a build with it for 32 tokens) slower
     // on every shape, o +0.3..0.7 us, down +0.8..1.4. Diagnostic 256 takes it at every grid up
     // to 16 tokens, 1024 never.
-    const bool deep_fits = nch <= 2 && wg == 2 && !ov && a.stages == 0 && !(a.flags & kNoDeep);
+    const bool deep_fits = nch <= 2 && wg == 2 && !ov && !pair && a.stages == 0 && !(a.flags & kNoDeep);
     if (deep_fits && ((a.flags & kDeep) || (nch == 2 && p.S > 1 && p.kper <= 8 && grid <= 2 * di.sms)))
       st = kDeepStages;
     // With PDL the CTAs are placed while the previous kernel still holds SMs; capped at what an
@@ -633,15 +685,16 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
       const int cap = (grid + di.sms - 1) / di.sms;
       if (cap < di.smem_sm / ring_bytes(st, nch, rt)) smem_min = di.smem_sm / (cap + 1) + 1;
     }
-    if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream);
-    else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream);
-    else if (nch == 4) e = launch_pick<4>(st, ov, wg, p, grid, smem_min, stream);
-    else if (nch == 8) e = launch_pick<8>(st, ov, wg, p, grid, smem_min, stream);
+    if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair);
+    else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair);
+    else if (nch == 4) e = launch_pick<4>(st, ov, wg, p, grid, smem_min, stream, pair);
+    else if (nch == 8) e = launch_pick<8>(st, ov, wg, p, grid, smem_min, stream, pair);
     else e = launch_pick<16>(st, ov, wg, p, grid, smem_min, stream);
     if (e != cudaSuccess) return e;
     // Diagnostic 65536 (wrong output): no reduce kernel, so that a benchmark can tell the GEMM
     // grid's time from the reduction's (session 13, docs/perf-notes.md).
-    if (p.S > 1 && !(a.flags & 65536) && (e = gemm_reduce_launch(a, m0, tokens, p.S, stream)) != cudaSuccess) return e;
+    if (p.S > 1 && !(a.flags & 65536) && (e = gemm_reduce_launch(a, m0, tokens, sp, stream, pair)) != cudaSuccess)
+      return e;
   }
   return cudaSuccess;
 }

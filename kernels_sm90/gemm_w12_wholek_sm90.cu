@@ -14,7 +14,7 @@
 // split grid's warpgroup for that m-tile does (same bytes per thread, decode16_split, the same
 // four m64nTk16 wgmma per record), so each accumulator holds the split grid's partial bit for bit.
 // Both ranks write their partials into rank 0's shared memory (rank 1's through distributed shared
-// memory); after one cluster barrier rank 0 adds the S of them in slice order 0..S-1 with the
+// memory); after one cluster barrier rank 0 adds the S of them in add_slice's order with the
 // reduce kernel's operations and runs its epilogue (scale, escapes in list order, bias, BF16), its
 // row data and escapes (true values and activations) staged in shared memory during the main loop
 // as the reduce kernel stages them before its wait: the same bits as split grid + reduce kernel,
@@ -241,13 +241,13 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) gemm_w12_wholek_kerne
       dst[(sl * T + 8 * j + 2 * t + (i & 1)) * kRowsPad + quarter * 16 + g + 8 * (i >> 1)] = acc[4 * j + i];
   cluster.sync();
   if (rank != 0 || n >= p.N) return;
-  // The reduce kernel's operations per output: slices in order 0..S-1, then scale, escapes in
-  // list order (staged slots first), bias.
+  // The reduce kernel's operations per output: the slices in add_slice's order, then scale,
+  // escapes in list order (staged slots first), bias.
   const int S = 2 * wgs, ne = es.e1 - es.e0, staged = min(ne, S);
   const float sc = row_scale(es.braw), slot = sc * 0x1p-15f;
   for (int m = tg; m < p.M; m += S) {
-    float y = P[m * kRowsPad + rl];
-    for (int s = 1; s < S; ++s) y = __fadd_rn(y, P[(s * T + m) * kRowsPad + rl]);
+    float y = 0.f, pend = 0.f;
+    for (int s = 0; s < S; ++s) add_slice(y, pend, P[(s * T + m) * kRowsPad + rl], s, S);
     y = y * sc;
     for (int j = 0; j < staged; ++j) {
       const float xv = X[(j * T + m) * 64 + rl];

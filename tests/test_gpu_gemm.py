@@ -571,6 +571,38 @@ def test_v4_wholek_matches_split_grid(n, k, bias, diag, m, monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 100])
+@pytest.mark.parametrize(
+    "n,k,bias",
+    [
+        (4096, 4096, False),  # 8 slices of 8 records: 4 pairs
+        (1000, 192, True),  # 3 slices of 1 record: a pair and a lone slice; N off the tile edge
+        (7168, 3000, False),  # 7 slices, the last short: 3 pairs and a lone slice
+    ],
+)
+def test_v4_pair_grid_changes_no_bit(n, k, bias, m, monkeypatch):
+    # At 17..64 tokens v4 gives each pair of consecutive K slices of a split weight (>= 4 slices)
+    # one CTA, which runs both from zero, adds them in add_slice's order and parks one partial;
+    # W12_GEMM_DIAG=512 does so on every split grid up to 64 tokens, 128 never (at 100 tokens
+    # neither runs: the split grid as before). The same adds in the same order as the reduce
+    # kernel's, so the same bits.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    gen = torch.Generator().manual_seed(180 + m)
+    wt = _weight(n, k, gen, spread=False).to(DEV)
+    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
+    b = torch.randn(n, generator=gen).to(DEV) if bias else None
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    ys = []
+    for diag in ("0", "512", "128"):
+        monkeypatch.setenv("W12_GEMM_DIAG", diag)
+        _poison_next_alloc(m * n)
+        ys.append(w12.linear(x, w, b))
+    _assert_close(ys[0], _ref(x, wt, b), x, wt)
+    assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "pair grid everywhere (512)"
+    assert torch.equal(ys[0].view(torch.int16), ys[2].view(torch.int16)), "pair grid never (128)"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 def test_v4_wholek_rule():
     # Where the whole-K clusters run: at most 16 tokens, an even 2-8 slices of >= 16 records, at
     # most one CTA per SM (four per 128-row tile).
