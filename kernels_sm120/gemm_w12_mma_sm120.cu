@@ -15,8 +15,8 @@
 //   Row data for the epilogue (base, escape ranges, bias) is loaded before the main loop.
 // - K-split: gemm_splits() fixes the number of K slices from (N, K, target CTAs, SMs, kernel)
 //   only. Partial sums are added in add_slice's order (smxx_gemm_common.cuh: in pairs, then the
-//   pairs in order) by one of three paths with identical bits: on
-//   sm_90+ the slices store partials for a PDL-launched reduce kernel (or, diagnostic 65536, reduce through
+//   pairs in order) by one of three paths with identical bits: on sm_90+ the slices store
+//   partials for a PDL-launched reduce kernel (or, diagnostic 65536, reduce through
 //   a cluster's shared memory above 8 tokens); elsewhere the last CTA of a row tile to arrive
 //   (atomic ticket) adds them. Every output element is therefore summed in one fixed order that does
 //   not depend on M or on which CTA finishes last: results are deterministic and row i of y has
@@ -297,9 +297,9 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
     __threadfence();
     const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
     // Fixed order (add_slice: in pairs, then the pairs in order) whoever reduces (its own slice
-    // is read back too, so the accumulator registers can hold the running sum). Slices are fetched U at a time with
-    // all their loads issued before the first add: ~S/U L2 round trips instead of one per
-    // (slice, fragment).
+    // is read back too, so the accumulator registers can hold the running sum). Slices are
+    // fetched U at a time with all their loads issued before the first add: ~S/U L2 round trips
+    // instead of one per (slice, fragment).
     constexpr int U = kFrag >= 4 ? 1 : 8 / kFrag;
     float pend[MTW][NCH][4] = {};
     for (int s0 = 0; s0 < p.S; s0 += U) {
