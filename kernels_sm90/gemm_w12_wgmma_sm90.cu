@@ -648,11 +648,11 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // at 32 tokens, 18.5 -> 17.7 at 64). Where it would leave SMs idle it lost: o [4096, 4096]
     // (128 CTAs) +0.4 us at 32 tokens, down +0.5..0.75, 32B [5120, 25600] +2..3.6. Diagnostic
     // 512: every split grid up to 64 tokens, 128: never. Same bits (add_slice's order).
-    const int pair_grid = (nt + rt - 1) / rt * ((p.S + 1) / 2);
+    const int tiles = (nt + rt - 1) / rt, pairs = (p.S + 1) / 2;
     const bool pair = p.S >= 2 && wg == 2 && nch <= 8 && ((a.flags & 64) == 0) && !(a.flags & kNoPairs) &&
-                      ((a.flags & kPairsAll) || (p.S >= 4 && tokens > 16 && pair_grid >= di.sms));
-    const int sp = pair ? (p.S + 1) / 2 : p.S;  // CTAs (parked partials) per row tile
-    const int grid = (nt + rt - 1) / rt * sp;
+                      ((a.flags & kPairsAll) || (p.S >= 4 && tokens > 16 && tiles * pairs >= di.sms));
+    const int sp = pair ? pairs : p.S;  // CTAs (parked partials) per row tile
+    const int grid = tiles * sp;
     // The overlap form (decode of record i+1 behind record i's wgmma): diagnostic 64 up to 64
     // tokens; the default at 65..128, where the four m64n128k16 per record are long enough that
     // it pays (session 10, docs/perf-notes.md: Llama geomean 0.604 -> 0.633, down 55.0 -> 47.5
