@@ -88,8 +88,9 @@ def copies_for(nbytes: int, l2: int) -> int:
     return max(2, math.ceil(3 * l2 / nbytes))
 
 
-def time_graph(fns, reps: int, launches_min: int = 8) -> tuple[float, float, float]:
-    """Median / p25 / p75 microseconds per launch of ``fns`` (rotated) captured in one graph."""
+def capture_graph(fns, launches_min: int = 8) -> tuple[torch.cuda.CUDAGraph, int]:
+    """``fns`` (rotated) captured in one graph of >= launches_min launches, replayed once; the graph
+    and its launch count."""
     per_round = len(fns)
     rounds = max(1, math.ceil(launches_min / per_round))
     s = torch.cuda.Stream()
@@ -106,17 +107,34 @@ def time_graph(fns, reps: int, launches_min: int = 8) -> tuple[float, float, flo
                 f()
     g.replay()
     torch.cuda.synchronize()
-    times = []
+    return g, rounds * per_round
+
+
+def time_graphs(graphs, reps: int) -> list[tuple[float, float, float]]:
+    """Median / p25 / p75 microseconds per launch of each (graph, launches), their replays taken
+    in turn so that every graph samples the same stretch of the GPU's clock and power state."""
+    times = [[] for _ in graphs]
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / (rounds * per_round))
-    q = statistics.quantiles(times, n=4)
+        for t, (g, launches) in zip(times, graphs):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            t.append(a.elapsed_time(b) * 1000.0 / launches)
+    out = []
+    for t in times:
+        q = statistics.quantiles(t, n=4)
+        out.append((statistics.median(t), q[0], q[2]))
+    return out
+
+
+def time_graph(fns, reps: int, launches_min: int = 8) -> tuple[float, float, float]:
+    """Median / p25 / p75 microseconds per launch of ``fns`` (rotated) captured in one graph."""
+    g = capture_graph(fns, launches_min)
+    res = time_graphs([g], reps)[0]
     del g
-    return statistics.median(times), q[0], q[2]
+    return res
 
 
 def refcheck(n: int, k: int, x: torch.Tensor, gen: torch.Generator) -> float:
@@ -134,7 +152,7 @@ def refcheck(n: int, k: int, x: torch.Tensor, gen: torch.Generator) -> float:
     return float((y - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def bench_shape(name, n, k, ms, variants, reps, gen, l2, check, hot=False):
+def bench_shape(name, n, k, ms, variants, reps, gen, l2, check, hot=False, interleave=False):
     dev = torch.device("cuda")
     rows = []
     w12_bytes = n * k * 1.5  # records dominate; base/escapes add < 0.01%
@@ -156,11 +174,26 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check, hot=False):
                 )
     for m in ms:
         x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
-        t_cb, _, _ = time_graph([lambda w=w, x=x: F.linear(x, w) for w in wb], reps)
-        for var in variants:
+        if interleave:
+            # cuBLAS and every variant captured first (the variant's settings are read at capture),
+            # then timed replay by replay in turn.
+            graphs = [capture_graph([lambda w=w, x=x: F.linear(x, w) for w in wb])]
+            for var in variants:
+                set_variant(var)
+                wv = [in_kernel_layout(w) for w in ws]
+                graphs.append(capture_graph([lambda w=w, x=x: w12.linear(x, w) for w in wv]))
+            timed = time_graphs(graphs, reps)
+            del graphs
+            t_cb = timed[0][0]
+        else:
+            t_cb, _, _ = time_graph([lambda w=w, x=x: F.linear(x, w) for w in wb], reps)
+        for vi, var in enumerate(variants):
             set_variant(var)
             wv = [in_kernel_layout(w) for w in ws]
-            t, p25, p75 = time_graph([lambda w=w, x=x: w12.linear(x, w) for w in wv], reps)
+            if interleave:
+                t, p25, p75 = timed[vi + 1]
+            else:
+                t, p25, p75 = time_graph([lambda w=w, x=x: w12.linear(x, w) for w in wv], reps)
             # --hot: one copy over and over, so that a weight smaller than L2 is read from L2: a
             # grid as slow hot as cold is bound by its CTAs' own per-record work, not by HBM.
             t_hot = time_graph([lambda w=wv[0], x=x: w12.linear(x, w)] * 8, reps)[0] if hot else None
@@ -282,6 +315,13 @@ def main(argv=None) -> int:
     )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check of each shape")
     p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="time cuBLAS and the W12 variants of a shape replay by replay in turn instead of one after "
+        "the other (A/B runs: session 18 saw the first variant after cuBLAS read up to 4 %% slow on the "
+        "largest shapes at 100-128 tokens)",
+    )
+    p.add_argument(
         "--hot",
         action="store_true",
         help="also time each W12 variant on one weight copy repeated (L2-resident where it fits: "
@@ -317,7 +357,7 @@ def main(argv=None) -> int:
     if not a.graph_only:
         for name in tqdm(names, desc="shapes"):
             n, k = table[name]
-            rows += bench_shape(name, n, k, ms, variants, a.reps, gen, l2, not a.no_check, a.hot)
+            rows += bench_shape(name, n, k, ms, variants, a.reps, gen, l2, not a.no_check, a.hot, a.interleave)
         print(
             f"\n{'shape':>10} {'N':>6} {'K':>6} {'M':>4} {'kernel':>22} {'us':>9} {'cuBLAS':>9} {'x':>6} {'TB/s':>6} {'cbTB/s':>6}"
             + (f" {'us hot':>9}" if a.hot else "")

@@ -52,7 +52,9 @@ struct GemmArgs : GemmOperands {
                             // per-output epilogue of unsplit grids (same bits), 256 / 1024 = the deep loop at
                             // every grid up to 16 tokens / never (same bits; v1 reads these two only with PDL),
                             // 512 / 128 = the pair grid on every split grid up to 64 tokens / never (same bits;
-                            // v1 reads 512 as its in-kernel ticket reduction)
+                            // v1 reads 512 as its in-kernel ticket reduction), 4096 = one ring for records and
+                            // activation tiles on row-tile-pair grids at 65..128 tokens (default there: the
+                            // split ring; same bits)
 };
 
 // Argument checks shared by every launcher (M == 0 is valid and launches nothing).

@@ -10,7 +10,9 @@
 // STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 17 (docs/perf-notes.md,
 // gemm_h200_s17_final.json): Llama geomean 1.30 / 1.28 / 1.22 / 1.08 / 0.77 of cuBLAS at 1 / 16 /
 // 32 / 64 / 128 tokens (v1 in the same call 1.30 / 1.27 / 1.12 / 0.95 / -); decode-step graph
-// set 0.752 in that call, 0.760-0.761 in a same-build A/B on another H200 (v1 0.78). Session 17
+// set 0.752 in that call, 0.760-0.761 in a same-build A/B on another H200 (v1 0.78). Session 18
+// split the ring of row-tile-pair grids at 65-128 tokens (XS: activation tiles five steps ahead,
+// records three, by bulk copy; lm_head -6..8 % at 128 tokens). Session 17
 // added the PAIR grid (qkv-like weights at 17-64 tokens) on the slices' new pair order; session 16
 // the DEEP loop (o-like slices at 9-16 tokens) and PDL on unsplit grids at <= 16 tokens. Session
 // 15 runs down-like weights at 1-16 tokens as whole-K clusters (gemm_w12_wholek_sm90.cu: same
@@ -40,7 +42,9 @@
 //   of slices and parks their sum (PAIR). Where whole-K clusters run (wholek_stages), they add the
 //   same partials in the same order inside the cluster instead.
 // - Each thread streams its own fragment bytes of every record (v1's per-thread cp.async ring,
-//   STAGES deep); fence.proxy.async makes the activation tile visible to wgmma.
+//   STAGES deep); fence.proxy.async makes the activation tile visible to wgmma. Row-tile pairs
+//   at 65-128 tokens split the ring (XS > 0): records by one bulk copy each on per-slot mbarriers,
+//   activation tiles by cp.async further ahead in slots of their own.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -224,7 +228,7 @@ struct V4Blocks {
 // PAIR (session 17): each CTA of a split grid runs two consecutive K slices (2j, 2j+1) one after
 // the other, each from zero, adds the pair (add_slice's order) and parks one partial for the two:
 // half the CTAs, half the partials written and read, the same bits. Plain loop, WG <= 2 only.
-template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false>
+template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false, int XS = 0>
 __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<WG, NCH>::value)
     gemm_w12_wgmma_kernel(const WParams p) {
 #if W12_WGMMA
@@ -233,7 +237,18 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   constexpr int RT = WG == 4 ? 2 : 1;   // row tiles per CTA
   constexpr int T = 8 * NCH;            // token rows of the B tile
   constexpr int kX = T * 128;           // B tile bytes (T rows of 128 B, 128-byte swizzle)
-  constexpr int kStage = RT * kRec + kX;
+  // XS > 0 (split ring): STAGES record slots and XS activation-tile slots, each ring at its own
+  // distance: a record slot is free once the record is decoded (the wgmma reads A from
+  // registers), an activation slot only once its wgmma has retired. The records come as one bulk
+  // copy per record and row tile, completing on the slot's mbarrier, so that their distance is
+  // not tied to the activation tiles' cp.async groups (a thread's groups complete in order: a
+  // record in the same group queue as a nearer activation tile would have to land with it).
+  // XS = 0: one ring of STAGES slots holding both, per-thread cp.async for both.
+  constexpr bool kSplit = XS > 0;
+  static_assert(!(kSplit && DEEP), "the deep loop keeps one ring");
+  constexpr int kStage = kSplit ? RT * kRec : RT * kRec + kX;  // record-ring stride
+  constexpr int kXDist = kSplit ? XS - 1 : STAGES - 1;  // activation tiles in flight after a refill
+  constexpr int kXBase = STAGES * kStage;                // split ring: the activation slots
   constexpr int ND = T / 2;             // accumulator floats per m-tile per thread
   // 1024-byte aligned: the swizzled B tiles (kRec and kX are multiples of 1024, so every stage's
   // tile is too).
@@ -280,6 +295,17 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   const uint8_t* hi_src = rec0 + hi_off;
   const uint8_t* lo_src = rec0 + lo_off;
 
+  // The split ring's record barriers (one per slot, one arrival: thread 0's expect_tx).
+  __shared__ __align__(8) uint64_t full_bar[kSplit ? STAGES : 1];
+  const uint32_t bar0 = smem_u32(&full_bar[0]);
+  const int nrt = RT == 2 && (rowtile | 1) * 128 >= p.N ? 1 : RT;  // row tiles this CTA holds
+  const uint8_t* recb = p.records + ((size_t)(rowtile - rtl) * p.KT + kt0) * kRec;  // the CTA's first row tile
+  auto load_rec_bulk = [&](int slot, int i) {
+    const uint32_t bar = bar0 + 8 * slot;
+    mbar_arrive_expect_tx(bar, nrt * kRec);
+    for (int r = 0; r < nrt; ++r)
+      bulk_copy_g2s(sbase + slot * kStage + r * kRec, recb + ((size_t)r * p.KT + i) * kRec, kRec, bar);
+  };
   auto load_stage = [&](int slot, int i) {
     const uint8_t* hs = hi_src + (size_t)i * kRec;
     const uint8_t* ls = lo_src + (size_t)i * kRec;
@@ -296,14 +322,24 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
       if (x_mine && xr0 + xrow(u) < p.M && !((p.diag & 1) && i >= STAGES))
         cp_async16_ca(dst + xdst0 + xrow(u) * 128, xs + xoff0 + xrow(u) * (int)p.ldx);
   };
+  // Split ring: activation tile i into activation slot xslot.
+  auto load_x = [&](int xslot, int i) {
+    const uint16_t* xs = p.x + (int64_t)(kt0 + i) * 64;
+    const uint32_t dst = sbase + kXBase + xslot * kX - RT * kRec + xdst0;
+#pragma unroll
+    for (int u = 0; u < kXU; ++u)
+      if (x_mine && xr0 + xrow(u) < p.M && !((p.diag & 1) && i >= XS))
+        cp_async16_ca(dst + xrow(u) * 128, xs + xoff0 + xrow(u) * (int)p.ldx);
+  };
   // Rows >= M of every stage's B tile: zero once (the copies never write them); the first
   // __syncthreads of the loop orders these stores before any wgmma reads them.
 #pragma unroll
   for (int u = 0; u < kXU; ++u)
     if (x_mine && xr0 + xrow(u) >= p.M)
 #pragma unroll
-      for (int sl = 0; sl < STAGES; ++sl)
-        *reinterpret_cast<uint4*>(smem + sl * kStage + xdst0 + xrow(u) * 128) = make_uint4(0u, 0u, 0u, 0u);
+      for (int sl = 0; sl < (kSplit ? XS : STAGES); ++sl)
+        *reinterpret_cast<uint4*>(smem + (kSplit ? kXBase + sl * kX - RT * kRec : sl * kStage) + xdst0 + xrow(u) * 128) =
+            make_uint4(0u, 0u, 0u, 0u);
 
   float acc[MTW][ND];
 #pragma unroll
@@ -311,11 +347,27 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
 #pragma unroll
     for (int i = 0; i < ND; ++i) acc[mt][i] = 0.f;
 
-  constexpr int kAhead = DEEP ? STAGES - 2 : STAGES - 1;  // records in flight after a refill
+  constexpr int kAhead = DEEP ? STAGES - 2 : kSplit ? STAGES : STAGES - 1;  // records in flight after a refill
+  if constexpr (kSplit) {
+    // Records: thread 0's bulk copies; activation tiles: one cp.async group per tile.
+    if (tid == 0) {
+      for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
+      mbar_fence_init();
+      for (int s = 0; s < STAGES; ++s)
+        if (s < nrec) load_rec_bulk(s, s);
+    }
 #pragma unroll
-  for (int s = 0; s < kAhead; ++s) {
-    if (s < nrec) load_stage(s, s);
-    cp_async_commit();
+    for (int s = 0; s < kXDist; ++s) {
+      if (s < nrec) load_x(s, s);
+      cp_async_commit();
+    }
+    __syncthreads();  // the barriers' initialisation before any thread waits on them
+  } else {
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < nrec) load_stage(s, s);
+      cp_async_commit();
+    }
   }
 
   // Per record: retire the previous record's wgmma (its stage and the A registers become free),
@@ -326,12 +378,20 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // serialising it (see the loop below): within 1-2 % of the plain form either way, so the
   // wgmma wait is not what limits this kernel.
   // Ring slots as running indices (i % STAGES cost a multiply-shift sequence, three per step).
-  int rd_slot = 0, wr_slot = kAhead;
+  int rd_slot = 0, wr_slot = kAhead, rd_x = 0, wr_x = kXDist;
+  uint32_t rd_phase = 0;  // split ring: parity of the phase record slot rd_slot completes next
   auto step = [&](int i, uint32_t(&buf)[16 * MTW]) {
-    cp_async_wait<kAhead - 1>();
+    // Split ring: step i's activation tile is the group committed kXDist groups ago.
+    cp_async_wait<kSplit ? kXDist - 1 : kAhead - 1>();
     fence_proxy_async_smem();
     const int slot = rd_slot;
+    if constexpr (kSplit) {
+      mbar_wait(bar0 + 8 * slot, rd_phase);
+      rd_phase ^= slot == STAGES - 1 ? 1u : 0u;
+    }
     rd_slot = rd_slot == STAGES - 1 ? 0 : rd_slot + 1;
+    const int xslot = kSplit ? rd_x : slot;
+    if constexpr (kSplit) rd_x = rd_x == XS - 1 ? 0 : rd_x + 1;
     const uint8_t* st = smem + slot * kStage + rtl * kRec;
     auto decode = [&]() {
 #pragma unroll
@@ -354,11 +414,23 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
       if constexpr (!OVERLAP) decode();
     }
     __syncthreads();  // every thread's copies of stage i landed; every read of the refilled stage done
-    if (i + kAhead < nrec) load_stage(wr_slot, i + kAhead);
+    if constexpr (kSplit) {
+      // Record i's slot (decoded by every thread before the barrier) takes record i + STAGES
+      // (the proxy fence orders those generic reads before the bulk copy's writes); record i-1's
+      // activation slot (its wgmma retired above) takes tile i + kXDist.
+      if (tid == 0 && i + kAhead < nrec) {
+        fence_proxy_async_smem();
+        load_rec_bulk(slot, i + kAhead);
+      }
+      if (i + kXDist < nrec) load_x(wr_x, i + kXDist);
+      wr_x = wr_x == XS - 1 ? 0 : wr_x + 1;
+    } else if (i + kAhead < nrec) {
+      load_stage(wr_slot, i + kAhead);
+    }
     cp_async_commit();
     wr_slot = wr_slot == STAGES - 1 ? 0 : wr_slot + 1;
     wgmma_fence();
-    const uint32_t xb = sbase + slot * kStage + RT * kRec;
+    const uint32_t xb = sbase + (kSplit ? kXBase + xslot * kX : slot * kStage + RT * kRec);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const uint64_t desc = smem_desc_sw128(xb + 32 * ks);
@@ -467,11 +539,12 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
 }
 
 // smem_min: shared memory asked for beyond the ring, to cap the CTAs an SM holds (PDL, below).
-template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false>
+template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false, int XS = 0>
 cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stream) {
-  int smem = max(STAGES * ((WG == 4 ? 2 : 1) * kRec + NCH * 8 * 128), smem_min);
-  if (NCH >= 8 && p.S == 1) smem = max(smem, epilogue_smem_bytes(NCH, WG == 4 ? 2 : 1));
-  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG, DEEP, PAIR>;
+  constexpr int rt = WG == 4 ? 2 : 1;
+  int smem = max(XS ? STAGES * rt * kRec + XS * NCH * 8 * 128 : STAGES * (rt * kRec + NCH * 8 * 128), smem_min);
+  if (NCH >= 8 && p.S == 1) smem = max(smem, epilogue_smem_bytes(NCH, rt));
+  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG, DEEP, PAIR, XS>;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
@@ -484,7 +557,11 @@ cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stre
 // thread).
 template <int NCH>
 cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int grid, int smem_min,
-                        cudaStream_t stream, bool pair = false) {
+                        cudaStream_t stream, bool pair = false, bool split_ring = false) {
+  if constexpr (NCH == 16) {
+    // The split ring: 3 record slots (72 KB), 6 activation-tile slots (96 KB).
+    if (split_ring) return launch_w<16, 3, true, 4, false, false, 6>(p, grid, smem_min, stream);
+  }
   if constexpr (NCH <= 8) {
     if (pair)
       return stages == 3 ? launch_w<NCH, 3, false, 2, false, true>(p, grid, smem_min, stream)
@@ -685,11 +762,17 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
       const int cap = (grid + di.sms - 1) / di.sms;
       if (cap < di.smem_sm / ring_bytes(st, nch, rt)) smem_min = di.smem_sm / (cap + 1) + 1;
     }
+    // The split ring (session 18, docs/perf-notes.md) for row-tile pairs at 65..128 tokens: the
+    // activation tiles five steps ahead instead of two, the records three (bulk copies).
+    // Same calls, three H200s: lm_head 358 / 366 -> 338 / 336 us at 128 tokens, down 40.2 -> 39.3,
+    // gate_up level; at 32-64 tokens no ring shape was faster on every shape (o +0.4..4 us), so
+    // those keep one ring. Diagnostic 4096: never. Same bits (the same wgmma in the same order).
+    const bool sr = nch == 16 && wg == 4 && ov && !(a.flags & 4096);
     if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair);
     else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair);
     else if (nch == 4) e = launch_pick<4>(st, ov, wg, p, grid, smem_min, stream, pair);
     else if (nch == 8) e = launch_pick<8>(st, ov, wg, p, grid, smem_min, stream, pair);
-    else e = launch_pick<16>(st, ov, wg, p, grid, smem_min, stream);
+    else e = launch_pick<16>(st, ov, wg, p, grid, smem_min, stream, false, sr);
     if (e != cudaSuccess) return e;
     // Diagnostic 65536 (wrong output): no reduce kernel, so that a benchmark can tell the GEMM
     // grid's time from the reduction's (session 13, docs/perf-notes.md).

@@ -506,6 +506,7 @@ def test_v1_ring_depth_changes_no_bit(n, k, m, monkeypatch):
         ("256", "0"),
         ("272", "0"),
         ("1024", "0"),
+        ("266240", "0"),
     ],
 )
 @pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 100])
@@ -522,7 +523,8 @@ def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
     # W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch; 256: the deep loop
     # (record i-1's wgmma in flight while record i is decoded) at every grid up to 16 tokens, 272
     # the same with the split grid where whole-K clusters would run; 1024: never the deep loop
-    # (4096 x 4096 at 9 tokens takes it by default).
+    # (4096 x 4096 at 9 tokens takes it by default); 266240: row-tile pairs with the single ring
+    # instead of the split ring (262144 takes the split ring at 100 tokens).
     # The same wgmma in the same order for every output element, so the same bits.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     gen = torch.Generator().manual_seed(111 + m)
@@ -638,6 +640,11 @@ def test_v4_row_pairs_match_smaller_m(monkeypatch):
     for m in [1, 64, 100]:
         assert torch.equal(w12.linear(x[:m].clone(), w).view(torch.int16), bits[:m]), f"M={m}"
     assert torch.equal(w12.linear(x[64:].clone(), w).view(torch.int16), bits[64:])
+    # These grids take the split ring (records and activation tiles in rings of their own);
+    # W12_GEMM_DIAG=4096 keeps the single ring: the same wgmma, so the same bits.
+    monkeypatch.setenv("W12_GEMM_DIAG", "4096")
+    for m in [100, 128]:
+        assert torch.equal(w12.linear(x[:m].clone(), w).view(torch.int16), bits[:m]), f"one ring, M={m}"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
