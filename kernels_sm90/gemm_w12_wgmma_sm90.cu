@@ -12,7 +12,7 @@
 // 32 / 64 / 128 tokens (v1 in the same call 1.30 / 1.27 / 1.12 / 0.95 / -); decode-step graph
 // set 0.752 in that call, 0.760-0.761 in a same-build A/B on another H200 (v1 0.78). Session 18
 // split the ring of row-tile-pair grids at 65-128 tokens (XS: activation tiles five steps ahead,
-// records three, by bulk copy; lm_head -6..8 % at 128 tokens). Session 17
+// records three, by bulk copy; -1..3 % at 100-128 tokens). Session 17
 // added the PAIR grid (qkv-like weights at 17-64 tokens) on the slices' new pair order; session 16
 // the DEEP loop (o-like slices at 9-16 tokens) and PDL on unsplit grids at <= 16 tokens. Session
 // 15 runs down-like weights at 1-16 tokens as whole-K clusters (gemm_w12_wholek_sm90.cu: same
@@ -763,10 +763,12 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
       if (cap < di.smem_sm / ring_bytes(st, nch, rt)) smem_min = di.smem_sm / (cap + 1) + 1;
     }
     // The split ring (session 18, docs/perf-notes.md) for row-tile pairs at 65..128 tokens: the
-    // activation tiles five steps ahead instead of two, the records three (bulk copies).
-    // Same calls, three H200s: lm_head 358 / 366 -> 338 / 336 us at 128 tokens, down 40.2 -> 39.3,
-    // gate_up level; at 32-64 tokens no ring shape was faster on every shape (o +0.4..4 us), so
-    // those keep one ring. Diagnostic 4096: never. Same bits (the same wgmma in the same order).
+    // activation tiles five steps ahead instead of two, the records three (bulk copies); with
+    // activation tiles one step ahead every shape was 25-35 % slower. Interleaved same-call A/B,
+    // both orders: lm_head 357.9 / 350.3 -> 350.9 / 343.0 us at 128 tokens, down 39.8 -> 38.6,
+    // gate_up level at 128 and -1.6 % at 100. At 32-64 tokens no ring shape was faster on every
+    // weight (o +0.4..4 us), so those keep one ring. Diagnostic 4096: never. Same bits (the same
+    // wgmma in the same order).
     const bool sr = nch == 16 && wg == 4 && ov && !(a.flags & 4096);
     if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair);
     else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair);
