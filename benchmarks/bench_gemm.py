@@ -225,15 +225,19 @@ def bench_shape(name, n, k, ms, variants, reps, gen, l2, check, hot=False, inter
 
 
 def variant_label(var, n_variants: int) -> str:
-    cps, stages, diag, kern = var
+    cps, stages, diag, kern, fallback = var
     if n_variants == 1:
         return f"w12_{kern}"
-    return f"w12_{kern}[c{cps},s{stages}" + (f",d{diag}]" if diag else "]")
+    return f"w12_{kern}[c{cps},s{stages}" + (f",d{diag}" if diag else "") + (f",f{fallback}]" if fallback else "]")
 
 
 def set_variant(var) -> None:
     os.environ["W12_GEMM_CTAS_PER_SM"], os.environ["W12_GEMM_STAGES"] = str(var[0]), str(var[1])
     os.environ["W12_GEMM_DIAG"], os.environ["W12_GEMM_KERNEL"] = str(var[2]), var[3]
+    if var[4]:
+        os.environ["W12_GEMM_FALLBACK_M"] = str(var[4])
+    else:
+        os.environ.pop("W12_GEMM_FALLBACK_M", None)
 
 
 def graph_set_inputs(gen, layers: int = 32, layer=("qkv", "o", "gate_up", "down"), head=True):
@@ -297,6 +301,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--stages", type=_ints, default=None, help="W12_GEMM_STAGES values to try (v1: 3, 4; v2: ring cap, 0 = auto)"
     )
+    p.add_argument(
+        "--fallback-m",
+        type=_ints,
+        default=None,
+        help="W12_GEMM_FALLBACK_M values to try (above it, decode + cuBLAS; 0 = the library's default)",
+    )
     p.add_argument("--kernels", default=None, help="W12_GEMM_KERNEL values to try, comma list (auto, v1, v2)")
     p.add_argument(
         "--diag",
@@ -351,7 +361,8 @@ def main(argv=None) -> int:
     cps = a.ctas_per_sm or [int(os.environ.get("W12_GEMM_CTAS_PER_SM", "2"))]
     stg = a.stages or [int(os.environ.get("W12_GEMM_STAGES", "0"))]
     kerns = (a.kernels or os.environ.get("W12_GEMM_KERNEL", "auto")).split(",")
-    variants = [(c, s, d, kv) for kv in kerns for c in cps for s in stg for d in a.diag]
+    fbs = a.fallback_m or [0]
+    variants = [(c, s, d, kv, fb) for kv in kerns for c in cps for s in stg for d in a.diag for fb in fbs]
     print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {l2 >> 20} MB, torch {torch.__version__}")
     rows = []
     if not a.graph_only:

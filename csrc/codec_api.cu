@@ -13,7 +13,8 @@ extern "C" {
 
 // Version of this ABI; w12/cuda_codec.py refuses a library whose version it does not know.
 // 3 (session 14): w12_decode_layout4 replaces w12_decode_layout1; w12_permute_records takes split.
-int w12_codec_abi_version(void) { return 3; }
+// 4 (session 19): w12_decode_layout3.
+int w12_codec_abi_version(void) { return 4; }
 
 // Pass 1 of the encoder: per row of w ([rows, k] BF16 bit patterns) the base (uint8) and the
 // number of escapes (int32).
@@ -45,8 +46,17 @@ int w12_decode(const void* records, const void* base, const void* esc_ptr, const
 // Layout-4 records (the portable GEMM's fragment order, split) -> BF16 [mats, n, k], exact.
 int w12_decode_layout4(const void* records, const void* base, const void* esc_ptr, const void* esc_col,
                        const void* esc_val, int64_t nnz, int64_t mats, int n, int k, void* out, void* stream) {
-  return int(w12codec::launch_decode_layout4(
-      static_cast<const uint8_t*>(records), static_cast<const uint8_t*>(base), static_cast<const int32_t*>(esc_ptr),
+  return int(w12codec::launch_decode_split_layout(
+      4, static_cast<const uint8_t*>(records), static_cast<const uint8_t*>(base), static_cast<const int32_t*>(esc_ptr),
+      static_cast<const int32_t*>(esc_col), static_cast<const int16_t*>(esc_val), nnz, mats, n, k,
+      static_cast<uint16_t*>(out), static_cast<cudaStream_t>(stream)));
+}
+
+// Layout-3 records (the Hopper GEMM's fragment order, split) -> BF16 [mats, n, k], exact.
+int w12_decode_layout3(const void* records, const void* base, const void* esc_ptr, const void* esc_col,
+                       const void* esc_val, int64_t nnz, int64_t mats, int n, int k, void* out, void* stream) {
+  return int(w12codec::launch_decode_split_layout(
+      3, static_cast<const uint8_t*>(records), static_cast<const uint8_t*>(base), static_cast<const int32_t*>(esc_ptr),
       static_cast<const int32_t*>(esc_col), static_cast<const int16_t*>(esc_val), nnz, mats, n, k,
       static_cast<uint16_t*>(out), static_cast<cudaStream_t>(stream)));
 }

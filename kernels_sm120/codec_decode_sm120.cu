@@ -37,10 +37,9 @@ __device__ __forceinline__ void decode8(uint32_t h0, uint32_t h1, uint32_t lw, u
 
 // Overwrites the escaped elements among columns [c0, c0 + 2 * kWords) of o (word q = columns
 // c0 + 2q, c0 + 2q + 1). [p0, p1) is the row's slice of the escape list, columns ascending.
-template <int kWords>
-__device__ __forceinline__ void apply_escapes(uint32_t* o, int c0, int p0, int p1, const int32_t* __restrict__ esc_col,
-                                              const int16_t* __restrict__ esc_val) {
-  int lo = p0, hi = p1;  // first escape with column >= c0
+// The first escape of [p0, p1) (a row's slice, columns ascending) whose column is >= c0.
+__device__ __forceinline__ int first_escape_from(const int32_t* __restrict__ esc_col, int p0, int p1, int c0) {
+  int lo = p0, hi = p1;
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
     if (__ldg(esc_col + mid) < c0)
@@ -48,6 +47,23 @@ __device__ __forceinline__ void apply_escapes(uint32_t* o, int c0, int p0, int p
     else
       hi = mid;
   }
+  return lo;
+}
+
+// Row `row`'s slice [p0, p1) of the escape list, clamped to it, so that a malformed esc_ptr
+// cannot read out of bounds.
+__device__ __forceinline__ void row_escapes(const int32_t* __restrict__ esc_ptr, int64_t row, int32_t nnz, int& p0,
+                                            int& p1) {
+  p0 = __ldg(esc_ptr + row);
+  p1 = __ldg(esc_ptr + row + 1);
+  p0 = p0 < 0 ? 0 : (p0 > nnz ? nnz : p0);
+  p1 = p1 < p0 ? p0 : (p1 > nnz ? nnz : p1);
+}
+
+template <int kWords>
+__device__ __forceinline__ void apply_escapes(uint32_t* o, int c0, int p0, int p1, const int32_t* __restrict__ esc_col,
+                                              const int16_t* __restrict__ esc_val) {
+  const int lo = first_escape_from(esc_col, p0, p1, c0);
   int end = lo;
   while (end < p1 && __ldg(esc_col + end) - c0 < 2 * kWords) ++end;
   // The word index is a compile-time constant in each unrolled step: indexing o[] with the
@@ -156,62 +172,93 @@ uint32_t threads_per_row(int variant, int k) {
   return uint32_t(32 * ((octets + 63) / 64));
 }
 
-// Layout-4 records (the portable GEMM's order, split: smxx_w12_decode.cuh) straight to BF16, so
-// the prefill fallback of w12.linear (decode + cuBLAS at M > 64) does not move every record back
-// to layout 0 first: that was a second full read and write of the records per call.
-// A thread takes the GEMM's fragment of one record (warp w, lane 4g + t): 4 hi vectors of 16
-// bytes and 4 lo vectors of 8, i.e. rows 32w + {g, g+8, g+16, g+24}, columns 16t .. 16t+15, and
-// decodes them exactly as the GEMM does (fixed offset E0), then moves each half-word's exponent
-// from c + E0 to c + b with one per-half add (c + b <= 254, so no carry leaves a half). A row's 16
-// columns are 32 contiguous output bytes; a warp's pair of 16-byte stores covers 128 bytes of 8 rows.
-template <bool kVecOut>
-__global__ void __launch_bounds__(kThreads)
-    decode_l4_kernel(const uint8_t* __restrict__ records, const uint8_t* __restrict__ base,
-                     const int32_t* __restrict__ esc_ptr, const int32_t* __restrict__ esc_col,
-                     const int16_t* __restrict__ esc_val, int32_t nnz, int64_t num_records, int n, int k, int nt,
-                     int kt, uint16_t* __restrict__ out) {
-  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t rec = idx >> 7;
-  if (rec >= num_records) return;
-  const int w = int(idx >> 5) & 3, lane = int(idx) & 31, g = lane >> 2, t = lane & 3;
-  const int64_t mat = rec / (int64_t(nt) * kt);
-  const int rt = int((rec / kt) % nt), ktile = int(rec % kt);
-  const uint8_t* src = records + rec * kRecordBytes;
-  uint32_t a[32];
+// The GEMM's fragment of one split record (layouts 3 and 4 store the same bytes per thread; only
+// the columns each register stands for differ): warp w's lane decodes its four hi / lo vectors
+// into 32 registers exactly as the GEMM kernels do (fixed exponent offset E0).
+__device__ __forceinline__ void decode_fragment(const uint8_t* src, int w, int lane, int n, uint32_t (&a)[32]) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const uint4 h = __ldg(reinterpret_cast<const uint4*>(src + 2048 * w + 512 * q + 16 * lane));
     const uint2 l = __ldg(reinterpret_cast<const uint2*>(src + kHiBytes + 1024 * w + 256 * q + 8 * lane));
     w12::decode16_split(h, l, a + 8 * q, w12::opaque_k38(static_cast<uint32_t>(n) >> 31));  // see decode16
   }
-  const int c0 = ktile * kTileK + 16 * t;
+}
+
+// The per-half addend that moves a fixed-offset exponent (c + E0) to the row base b's (c + b):
+// c + b <= 254, so no carry leaves a half.
+__device__ __forceinline__ uint32_t base_shift2(uint32_t b) {
+  const uint32_t d = ((b - uint32_t(w12::kDecodeE0)) << 7) & 0xFFFFu;
+  return d | (d << 16);
+}
+
+// Records in a GEMM kernel's split layout (3: Hopper, 4: mma.sync) straight to BF16, for the
+// prefill fallback of w12.linear (decode + cuBLAS): no permutation back to layout 0 first, which
+// was a second full read and write of the records per call. A CTA of 128 threads takes one
+// record and decodes it exactly as the GEMM does (warp w, lane 4g + t: rows 32w + 16mt + g (+8);
+// the columns of register R = 16mt + 4ks + r, two per register, are 16ks + 8(r >> 1) + 2t in
+// layout 3 and 16t + 4ks + 2(r >> 1) in layout 4, layouts.py), moves each half-word's exponent
+// from c + E0 to the row base's (base_shift2), and stages the words in a 128 x 64 shared tile
+// whose rows are padded to 36 words (layout 3: a register's 32 words land in 32 banks; layout 4:
+// two-way conflicts). The thread of each row then writes the row's escapes into the tile, and
+// the rows leave as 16-byte stores, 8 threads per 128-byte row. (Layout 4's earlier kernel stored
+// straight from registers, 32 bytes per thread and row: 2.3-3.3 TB/s against this form's ~3.2-3.95
+// on layout 3, docs/perf-notes.md session 19.)
+constexpr int kTilePitch = 36;  // words per shared-tile row (64 columns = 32 words, + 4)
+template <int kLayout, bool kVecOut>
+__global__ void __launch_bounds__(128)
+    decode_split_kernel(const uint8_t* __restrict__ records, const uint8_t* __restrict__ base,
+                        const int32_t* __restrict__ esc_ptr, const int32_t* __restrict__ esc_col,
+                        const int16_t* __restrict__ esc_val, int32_t nnz, int n, int k, int nt, int kt,
+                        uint16_t* __restrict__ out) {
+  __shared__ __align__(16) uint32_t tile[kTileN * kTilePitch];
+  const int64_t rec = blockIdx.x;
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int64_t mat = rec / (int64_t(nt) * kt);
+  const int rt = int((rec / kt) % nt), ktile = int(rec % kt);
+  const uint8_t* src = records + rec * kRecordBytes;
+  uint32_t a[32];
+  decode_fragment(src, w, lane, n, a);
 #pragma unroll
-  for (int part = 0; part < 4; ++part) {  // part = 2 mt + rb: row 32w + 16mt + g + 8rb
+  for (int part = 0; part < 4; ++part) {  // part = 2 mt + rb: row 32w + 16mt + g + 8rb of the tile
     const int mt = part >> 1, rb = part & 1;
-    const int row = rt * kTileN + 32 * w + 16 * mt + g + 8 * rb;
-    if (row >= n) continue;
-    const int64_t grow = mat * n + row;
-    const uint32_t d = ((uint32_t(__ldg(base + grow)) - uint32_t(w12::kDecodeE0)) << 7) & 0xFFFFu;
-    const uint32_t d2 = d | (d << 16);
-    uint32_t o[8];
+    const int rl = 32 * w + 16 * mt + g + 8 * rb, row = rt * kTileN + rl;
+    const uint32_t d2 = base_shift2(row < n ? uint32_t(__ldg(base + mat * n + row)) : uint32_t(w12::kDecodeE0));
 #pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = __vadd2(a[16 * mt + 4 * (j >> 1) + rb + 2 * (j & 1)], d2);
-    int32_t p0 = __ldg(esc_ptr + grow), p1 = __ldg(esc_ptr + grow + 1);
-    p0 = p0 < 0 ? 0 : (p0 > nnz ? nnz : p0);
-    p1 = p1 < p0 ? p0 : (p1 > nnz ? nnz : p1);
-    if (p0 < p1) apply_escapes<8>(o, c0, p0, p1, esc_col, esc_val);
-    uint16_t* dst = out + grow * k;
+    for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int c = c0 + 8 * half;
-      if (kVecOut) {
-        if (c < k)
-          *reinterpret_cast<uint4*>(dst + c) = make_uint4(o[4 * half], o[4 * half + 1], o[4 * half + 2], o[4 * half + 3]);
-      } else {
-#pragma unroll
-        for (int q = 0; q < 8; ++q)
-          if (c + q < k) dst[c + q] = uint16_t(o[4 * half + (q >> 1)] >> ((q & 1) * 16));
+      for (int hi = 0; hi < 2; ++hi) {  // register r = rb + 2 hi
+        const int word = kLayout == 3 ? 8 * ks + 4 * hi + t : 8 * t + 2 * ks + hi;
+        tile[rl * kTilePitch + word] = __vadd2(a[16 * mt + 4 * ks + rb + 2 * hi], d2);
       }
+  }
+  __syncthreads();
+  // Thread tid's row: its escapes in this record's 64 columns (the list is sorted by column).
+  const int c0 = ktile * kTileK, row = rt * kTileN + tid;
+  if (row < n) {
+    const int64_t grow = mat * n + row;
+    int p0, p1;
+    row_escapes(esc_ptr, grow, nnz, p0, p1);
+    uint16_t* trow = reinterpret_cast<uint16_t*>(tile + tid * kTilePitch);
+    for (int e = first_escape_from(esc_col, p0, p1, c0); e < p1; ++e) {
+      const int c = __ldg(esc_col + e) - c0;
+      if (c >= kTileK) break;
+      trow[c] = uint16_t(__ldg(esc_val + e));
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {  // 16-byte piece tid + 128 i: row (tid >> 3) + 16 i, columns 8 (tid & 7) ..
+    const int rl = (tid >> 3) + 16 * i, c = c0 + 8 * (tid & 7), grow_r = rt * kTileN + rl;
+    if (grow_r >= n || c >= k) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + rl * kTilePitch + 4 * (tid & 7));
+    uint16_t* dst = out + (mat * n + grow_r) * int64_t(k) + c;
+    if (kVecOut) {
+      *reinterpret_cast<uint4*>(dst) = v;  // K % 8 == 0: the piece is wholly inside the row
+    } else {
+      const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int q = 0; q < 8; ++q)
+        if (c + q < k) dst[q] = uint16_t(vw[q >> 1] >> ((q & 1) * 16));
     }
   }
 }
@@ -262,22 +309,29 @@ cudaError_t launch_decode(const uint8_t* records, const uint8_t* base, const int
   return cudaSuccess;
 }
 
-cudaError_t launch_decode_layout4(const uint8_t* records, const uint8_t* base, const int32_t* esc_ptr,
-                                  const int32_t* esc_col, const int16_t* esc_val, int64_t nnz, int64_t mats, int n,
-                                  int k, uint16_t* out, cudaStream_t stream) {
-  if (mats <= 0 || n <= 0 || k <= 0 || nnz < 0 || nnz > 0x7FFFFFFF || mats * n >= 0x7FFFFFFF)
+cudaError_t launch_decode_split_layout(int layout, const uint8_t* records, const uint8_t* base,
+                                       const int32_t* esc_ptr, const int32_t* esc_col, const int16_t* esc_val,
+                                       int64_t nnz, int64_t mats, int n, int k, uint16_t* out, cudaStream_t stream) {
+  if ((layout != 3 && layout != 4) || mats <= 0 || n <= 0 || k <= 0 || nnz < 0 || nnz > 0x7FFFFFFF ||
+      mats * n >= 0x7FFFFFFF)
     return cudaErrorInvalidValue;
   const int nt = (n + kTileN - 1) / kTileN, kt = (k + kTileK - 1) / kTileK;
   const int64_t num_records = mats * nt * kt;
-  const int64_t blocks = (num_records * 128 + kThreads - 1) / kThreads;
-  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  if (num_records > 0x7FFFFFFF) return cudaErrorInvalidValue;  // one CTA per record
   const bool vec = (k % 8 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0);
-  if (vec)
-    decode_l4_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(records, base, esc_ptr, esc_col, esc_val,
-                                                                       int32_t(nnz), num_records, n, k, nt, kt, out);
+  const unsigned grid = unsigned(num_records);
+  const int32_t nz = int32_t(nnz);
+#define W12_SPLIT_DECODE(L, V) \
+  decode_split_kernel<L, V><<<grid, 128, 0, stream>>>(records, base, esc_ptr, esc_col, esc_val, nz, n, k, nt, kt, out)
+  if (layout == 4 && vec)
+    W12_SPLIT_DECODE(4, true);
+  else if (layout == 4)
+    W12_SPLIT_DECODE(4, false);
+  else if (vec)
+    W12_SPLIT_DECODE(3, true);
   else
-    decode_l4_kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(records, base, esc_ptr, esc_col, esc_val,
-                                                                        int32_t(nnz), num_records, n, k, nt, kt, out);
+    W12_SPLIT_DECODE(3, false);
+#undef W12_SPLIT_DECODE
   return cudaGetLastError();
 }
 

@@ -44,9 +44,10 @@ __host__ __device__ __forceinline__ uint32_t decode_pair_8bit(uint32_t hp, uint3
 }
 
 // Host-side launchers (each defined next to its kernels; C ABI wrappers in csrc/codec_api.cu).
-cudaError_t launch_decode_layout4(const uint8_t* records, const uint8_t* base, const int32_t* esc_ptr,
-                                  const int32_t* esc_col, const int16_t* esc_val, int64_t nnz, int64_t mats, int n,
-                                  int k, uint16_t* out, cudaStream_t stream);
+// Records in a GEMM kernel's split layout (3: Hopper, 4: mma.sync) straight to BF16.
+cudaError_t launch_decode_split_layout(int layout, const uint8_t* records, const uint8_t* base,
+                                       const int32_t* esc_ptr, const int32_t* esc_col, const int16_t* esc_val,
+                                       int64_t nnz, int64_t mats, int n, int k, uint16_t* out, cudaStream_t stream);
 // All return a cudaError_t value; none synchronises.
 cudaError_t launch_encode_count(const uint16_t* w, int64_t rows, int k, uint8_t* base, int32_t* count,
                                 cudaStream_t stream);

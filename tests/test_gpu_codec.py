@@ -282,30 +282,36 @@ def test_unpack_from_other_layouts(kernels, layouts, rng):
         assert_equal_bits(w12.unpack_8bit(moved), ref8.view(x.shape), f"8-bit view from layout {lay}")
 
 
+# The GEMM kernels' layouts (3: Hopper, 4: mma.sync; 1: the older one, through a permutation) decode
+# without going back to layout 0 first (the prefill fallback of w12.linear).
+DIRECT_LAYOUTS = [1, 3, 4]
+
+
 @gpu
+@pytest.mark.parametrize("lay", DIRECT_LAYOUTS)
 @pytest.mark.parametrize("shape", SHAPES + [(3, 200, 136)], ids=lambda s: "x".join(map(str, s)))
-def test_unpack_layout1_direct(kernels, rng, shape):
-    # Layout-1 records decode without a permutation back to layout 0 (the prefill fallback path):
-    # vector stores where K % 8 == 0, per-element ones elsewhere, rows and columns past the tile.
+def test_unpack_gemm_layouts_direct(kernels, rng, shape, lay):
+    # Vector stores where K % 8 == 0, per-element ones elsewhere, rows and columns past the tile.
     x = realistic(shape, rng)
     w = cuda_codec.pack(x.cuda())
-    rec1 = cuda_codec.convert_layout(w.records, 0, 1)
-    got = cuda_codec.unpack(rec1, *w.tensors()[1:], w.N, w.K, 1)
-    assert_equal_bits(got.view(x.shape), x, f"layout-1 decode of {shape}")
+    rec = cuda_codec.convert_layout(w.records, 0, lay)
+    got = cuda_codec.unpack(rec, *w.tensors()[1:], w.N, w.K, lay)
+    assert_equal_bits(got.view(x.shape), x, f"layout-{lay} decode of {shape}")
 
 
 @gpu
+@pytest.mark.parametrize("lay", DIRECT_LAYOUTS)
 @pytest.mark.parametrize("make", [escapes_everywhere, escape_rows], ids=["every_tile_slot", "escape_rows"])
-def test_unpack_layout1_adversarial(kernels, rng, make):
+def test_unpack_gemm_layouts_adversarial(kernels, rng, make, lay):
     x = make(rng)
     w = cuda_codec.pack(x.cuda())
-    rec1 = cuda_codec.convert_layout(w.records, 0, 1)
-    got = cuda_codec.unpack(rec1, *w.tensors()[1:], w.N, w.K, 1)
-    assert_equal_bits(got.view(x.shape), x, f"layout-1 decode, {make.__name__}")
+    rec = cuda_codec.convert_layout(w.records, 0, lay)
+    got = cuda_codec.unpack(rec, *w.tensors()[1:], w.N, w.K, lay)
+    assert_equal_bits(got.view(x.shape), x, f"layout-{lay} decode, {make.__name__}")
     pats = all_patterns(256, rng, True)
     wp = cuda_codec.pack(pats.cuda())
-    got = cuda_codec.unpack(cuda_codec.convert_layout(wp.records, 0, 1), *wp.tensors()[1:], wp.N, wp.K, 1)
-    assert_equal_bits(got, pats, "layout-1 decode of all 65536 patterns")
+    got = cuda_codec.unpack(cuda_codec.convert_layout(wp.records, 0, lay), *wp.tensors()[1:], wp.N, wp.K, lay)
+    assert_equal_bits(got, pats, f"layout-{lay} decode of all 65536 patterns")
 
 
 # -- errors ---------------------------------------------------------------------------------------

@@ -158,6 +158,37 @@ def test_deterministic_and_independent_of_m(n, k, kernel, monkeypatch):
     assert torch.equal(w12.linear(x[64:].clone(), w).view(torch.int16), full[64:])
 
 
+@pytest.mark.skipif("v4" not in KERNELS, reason="the 256-row rule is v4's")
+def test_v4_fallback_rule_and_m_independence_to_256(monkeypatch):
+    # By default v4 runs the fused kernel up to 256 token rows (two passes) on unsplit weights and
+    # on those whose K slices' partials stay small (S * 1024 <= K), and up to 128 elsewhere; the
+    # rows of an unsplit weight then have the same bits at every M up to 256, above it decode +
+    # cuBLAS.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.delenv("W12_GEMM_FALLBACK_M", raising=False)
+    n, k = 40000, 256  # 313 row tiles: over two per SM on every sm_90 part, so never split
+    assert cuda_ops.splits(n, k, DEV, kernel=4) == 1
+    assert cuda_ops.fallback_m(4, n, k, DEV) == 256
+    assert cuda_ops.fallback_m(4, 1024, 4096, DEV) == 128  # 8 row tiles: cut into 8-16 slices
+    assert cuda_ops.fallback_m(4, 1024, 65536, DEV) == 256  # the same slices of a long K: small partials
+    assert cuda_ops.fallback_m(1, n, k, DEV) == 128
+    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "77")
+    assert cuda_ops.fallback_m(4, n, k, DEV) == 77
+    monkeypatch.delenv("W12_GEMM_FALLBACK_M")
+    gen = torch.Generator().manual_seed(19)
+    wt = _weight(n, k, gen, spread=False)
+    w = w12.pack(wt.to(DEV)).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(300, k, generator=gen).to(torch.bfloat16).to(DEV)
+    y256 = w12.linear(x[:256].clone(), w)
+    _assert_close(y256, _ref(x[:256], wt.to(DEV)), x[:256], wt.to(DEV))
+    y256 = y256.view(torch.int16)
+    for m in (1, 5, 129, 200):
+        assert torch.equal(w12.linear(x[:m].clone(), w).view(torch.int16), y256[:m]), f"M={m} against M=256"
+    assert torch.equal(w12.linear(x[128:256].clone(), w).view(torch.int16), y256[128:])
+    y300 = w12.linear(x, w)  # decode + cuBLAS: correct, its own bits
+    _assert_close(y300, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+
+
 @pytest.mark.parametrize("kernel", [k for k in KERNELS if k in ("v1", "v4")])
 def test_reduce_kernel_staged_and_plain_agree(kernel, monkeypatch):
     # The reduce kernel stages a row tile's escapes in shared memory where its grid (row tiles x

@@ -22,7 +22,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, Layout, ceil_div
 from .format import convert_layout as format_convert_layout
 from .weight import W12Weight
 
-_ABI_VERSION = 3
+_ABI_VERSION = 4
 _INT32_MAX = 2**31 - 1
 _BIND_LOCK = threading.Lock()
 _BOUND = False
@@ -48,6 +48,7 @@ _SIGNATURES = {
     ],
     "w12_permute_records": [_P, _P, ctypes.c_int64, _P, ctypes.c_int, _P],
     "w12_decode_layout4": [_P, _P, _P, _P, _P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, _P, _P],
+    "w12_decode_layout3": [_P, _P, _P, _P, _P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, _P, _P],
 }
 
 
@@ -282,9 +283,11 @@ def unpack(
         def args(recs):  # the arguments both decode kernels take first, in their order
             return (_ptr(recs), _ptr(base), _ptr(esc_ptr), _ptr(esc_col), _ptr(esc_val), esc_col.numel(), mats, n, k)
 
-        if layout == layouts.MMA_SYNC_SPLIT_LAYOUT and not eight_bit:
-            # The GEMM's own layout decodes in place (the prefill fallback of w12.linear).
-            _launch(what, "w12_decode_layout4", *args(records), _ptr(out), _stream(dev))
+        direct = {layouts.MMA_SYNC_SPLIT_LAYOUT: "w12_decode_layout4", layouts.WGMMA_SPLIT_LAYOUT: "w12_decode_layout3"}
+        if layout in direct and not eight_bit:
+            # The GEMM kernels' own layouts decode in place (the prefill fallback of w12.linear):
+            # no permutation back to layout 0 first, a second read and write of every record.
+            _launch(what, direct[layout], *args(records), _ptr(out), _stream(dev))
             return out
         if layout != 0:
             records = convert_layout(records, layout, 0)

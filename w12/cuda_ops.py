@@ -19,9 +19,10 @@ Settings (environment, read on each call):
       (N, K, SM count, this value) only, never of M.
   ``W12_GEMM_STAGES`` (default 0): v2: cap on the shared-memory ring depth (0 = as deep as fits,
       at most 16); v1, v4: async-copy ring depth 3 or 4 (0 = chosen by the grid's waves).
-  ``W12_GEMM_FALLBACK_M`` (default 128): above this many token rows the op decodes the weight
-      and calls cuBLAS instead of running the fused kernel in passes of 64 token rows (v1-v3) or
-      128 (v4) (the kernel's determinism across M holds for M up to this value).
+  ``W12_GEMM_FALLBACK_M`` (default: ``fallback_m``'s rule, 128 or 256): above this many token rows
+      the op decodes the weight and calls cuBLAS instead of running the fused kernel in passes of
+      64 token rows (v1-v3) or 128 (v4) (the kernel's determinism across M holds for M up to this
+      value).
   ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3, v1 and v4:
       ``auto`` = v3, and v1 and v4 at <= 16 and 33-64 tokens where K is split in >= 4 slices, v4
       also on unsplit grids at <= 16 tokens and on every grid at <= 8 (what measured faster; see
@@ -316,6 +317,30 @@ def _splits(n: int, k: int, target: int, sms: int, kver: int) -> int:
     return int(_gemm_lib().w12_gemm_splits(n, k, target, sms, kver))
 
 
+def fallback_m(kver: int, n: int, k: int, device="cuda") -> int:
+    """Token rows up to which ``w12.linear`` runs the fused kernel (in passes) rather than decode +
+    cuBLAS: ``W12_GEMM_FALLBACK_M`` where set, else 256 for v4 on weights it does not cut into K
+    slices (gate_up, lm_head) or whose slices' partial sums at 128 tokens stay within a third of the
+    weight's bytes (S * 128 * 4 B per row <= K / 2 B: down, the 32B shapes), 128 otherwise.
+
+    Measured on the H200 (docs/perf-notes.md, session 19; ``bench_gemm.py --fallback-m``), v4's two
+    fused 128-token passes against the direct layout-3 decode + cuBLAS: gate_up 129 / 177 against
+    172 / 201 us at 129 / 256 tokens, down 67 / 78 against 96 / 103, lm_head 528 / 742 against 742 /
+    869; level at 384 (gate_up 273 against 238); qkv and o (8 slices: the reduce kernel's partials
+    at 128 tokens weigh as much as the weight) 46 / 60 against 42 / 45 (qkv) from 129 tokens on.
+    v1's 64-token passes won only at 129 tokens on two shapes, so it keeps 128. The bits are the
+    fused kernel's up to this M and cuBLAS's above, so a weight's rows are M-independent up to it.
+    """
+    env = os.environ.get("W12_GEMM_FALLBACK_M")
+    if env is not None:
+        return _env_int("W12_GEMM_FALLBACK_M", 128)
+    if kver == 4:
+        s = splits(n, k, device, kernel=4)
+        if s <= 1 or s * 1024 <= k:
+            return 256
+    return 128
+
+
 def splits(n: int, k: int, device="cuda", kernel: int | None = None) -> int:
     """Number of K slices GEMM kernel ``kernel`` (1 = v1, 4 = v4; default: the one ``w12.linear``
     runs for this shape) cuts an (N, K) weight into on ``device``, independent of M.
@@ -468,7 +493,8 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
             "permuting on every call (store them with W12Weight.with_layout(w12.cuda_ops.preferred_layout()))",
         )
         records = _permute(records, layout, need)
-    if m > _env_int("W12_GEMM_FALLBACK_M", 128):
+    # The default rule never falls back at <= 128 rows: no shape query on the decode path.
+    if (m > 128 or "W12_GEMM_FALLBACK_M" in os.environ) and m > fallback_m(kver, n, k, device):
         # Prefill: decode once and let cuBLAS run the GEMM (documented in docs/perf-notes.md).
         w = torch.ops.w12.unpack(records, base, esc_ptr, esc_col, esc_val, n, k, need, False)
         return F.linear(x2, w, None if bias is None else bias.to(torch.bfloat16)).view(out_shape)
