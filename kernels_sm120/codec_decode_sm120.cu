@@ -35,8 +35,6 @@ __device__ __forceinline__ void decode8(uint32_t h0, uint32_t h1, uint32_t lw, u
   }
 }
 
-// Overwrites the escaped elements among columns [c0, c0 + 2 * kWords) of o (word q = columns
-// c0 + 2q, c0 + 2q + 1). [p0, p1) is the row's slice of the escape list, columns ascending.
 // The first escape of [p0, p1) (a row's slice, columns ascending) whose column is >= c0.
 __device__ __forceinline__ int first_escape_from(const int32_t* __restrict__ esc_col, int p0, int p1, int c0) {
   int lo = p0, hi = p1;
@@ -60,6 +58,8 @@ __device__ __forceinline__ void row_escapes(const int32_t* __restrict__ esc_ptr,
   p1 = p1 < p0 ? p0 : (p1 > nnz ? nnz : p1);
 }
 
+// Overwrites the escaped elements among columns [c0, c0 + 2 * kWords) of o (word q = columns
+// c0 + 2q, c0 + 2q + 1). [p0, p1) is the row's slice of the escape list, columns ascending.
 template <int kWords>
 __device__ __forceinline__ void apply_escapes(uint32_t* o, int c0, int p0, int p1, const int32_t* __restrict__ esc_col,
                                               const int16_t* __restrict__ esc_val) {
@@ -200,9 +200,9 @@ __device__ __forceinline__ uint32_t base_shift2(uint32_t b) {
 // from c + E0 to the row base's (base_shift2), and stages the words in a 128 x 64 shared tile
 // whose rows are padded to 36 words (layout 3: a register's 32 words land in 32 banks; layout 4:
 // two-way conflicts). The thread of each row then writes the row's escapes into the tile, and
-// the rows leave as 16-byte stores, 8 threads per 128-byte row. (Layout 4's earlier kernel stored
-// straight from registers, 32 bytes per thread and row: 2.3-3.3 TB/s against this form's ~3.2-3.95
-// on layout 3, docs/perf-notes.md session 19.)
+// the rows leave as 16-byte stores, 8 threads per 128-byte row. Layout 4's earlier kernel stored
+// straight from registers, 32 bytes per thread and row: 2.3-3.3 TB/s at 16 MB-1 GB, against
+// 3.2-3.97 through this tile (bench_codec.py, docs/perf-notes.md session 19), as fast as layout 0's.
 constexpr int kTilePitch = 36;  // words per shared-tile row (64 columns = 32 words, + 4)
 template <int kLayout, bool kVecOut>
 __global__ void __launch_bounds__(128)
