@@ -7,21 +7,14 @@
 // warpgroups of a CTA issues 4 wgmma per 128x64 record (its 64-row m-tile) whatever the token
 // count, and they run asynchronously with the copies of the following records.
 //
-// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere). Session 17 (docs/perf-notes.md,
-// gemm_h200_s17_final.json): Llama geomean 1.30 / 1.28 / 1.22 / 1.08 / 0.77 of cuBLAS at 1 / 16 /
-// 32 / 64 / 128 tokens (v1 in the same call 1.30 / 1.27 / 1.12 / 0.95 / -); decode-step graph
-// set 0.752 in that call, 0.760-0.761 in a same-build A/B on another H200 (v1 0.78). Session 18
-// split the ring of row-tile-pair grids at 65-128 tokens (XS: activation tiles five steps ahead,
-// records three, by bulk copy; -1..3 % at 100-128 tokens). Session 17
-// added the PAIR grid (qkv-like weights at 17-64 tokens) on the slices' new pair order; session 16
-// the DEEP loop (o-like slices at 9-16 tokens) and PDL on unsplit grids at <= 16 tokens. Session
-// 15 runs down-like weights at 1-16 tokens as whole-K clusters (gemm_w12_wholek_sm90.cu: same
-// bits, no reduce kernel), session 14's split layout (decode16_split) took 64 tokens from 0.99 to
-// 1.05 in a same-call A/B, session 13's
-// shared-memory epilogue 64 / 128 tokens from 0.97 / 0.69 (session 12); sessions 11-12 took 1 / 16
-// tokens from 1.21 / 1.08 (session 10). Its bits differ from v1's (about 2-4e-4 of the outputs:
-// wgmma and mma.sync round the k16 products differently), so `auto` takes it for every M or for
-// none.
+// STATUS: `auto` on sm_90 since session 10 (v1 elsewhere); the per-session history is in
+// docs/perf-notes.md. Variants, all with the same bits per output: the PAIR grid (session 17,
+// qkv-like weights at 17-64 tokens), the DEEP loop (session 16, short slices at 9-16 tokens), PDL
+// on unsplit grids at <= 16 tokens (16), whole-K clusters for down-like weights at 1-16 tokens (15,
+// gemm_w12_wholek_sm90.cu), the split ring of row-tile-pair grids at 65-128 tokens (18), the
+// balanced unsplit grid at <= 32 tokens (BAL, 20). Its bits differ from v1's (about 2-4e-4 of the
+// outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every M
+// or for none.
 //
 // - Records in layout 3 (w12/layouts.py: layout 2 split, decoded by decode16_split in 7
 //   instructions per 8 weights instead of 17; session 14). Layout 2 is layout 1's slots and
@@ -70,6 +63,7 @@ constexpr int kNoDeep = 1024;           // diagnostic 1024: never the DEEP loop
 constexpr int kDeepStages = 6;          // its ring (4 records in flight); launch_pick's "stages" for it
 constexpr int kNoPairs = 128;           // diagnostic 128: never the pair grid (PAIR)
 constexpr int kPairsAll = 512;          // diagnostic 512: the pair grid on every split grid (S >= 2, <= 64 tokens)
+constexpr int kNoBalance = 8192;        // diagnostic 8192: never the balanced unsplit grid (BAL)
 
 // One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
 // as fix_escapes does.
@@ -255,13 +249,25 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   extern __shared__ __align__(1024) uint8_t smem[];
 
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int quarter = (tid >> 5) & 3, mt0 = WG == 1 ? 0 : (tid >> 7) & 1;  // mt0: this thread's first m-tile
+  // BAL (p.bal, session 20): an unsplit grid of 2 x SMs CTAs that deals the weight's 16-row
+  // slices out evenly (6-7 per CTA for gate_up's 1792) instead of 8 per CTA, so that no SM streams
+  // more than its share; warp w of CTA b holds slice b * total / G + w wherever it lies (its tile,
+  // quarter and m-tile), the same bytes, decode and wgmma as the 128-row CTA's warp for that slice,
+  // so the same bits (wgmma's rows are independent of their place in the 64-row tile). Warps past
+  // the CTA's share copy nothing, multiply whatever their ring holds and store nothing.
+  constexpr bool kBalForm = WG == 2 && NCH <= 4 && !OVERLAP && !DEEP && !PAIR && XS == 0;
+  const bool bal = kBalForm && p.bal;
+  // (32-bit: the launcher takes it for < 2 x SMs row tiles and 2 x SMs CTAs; no division otherwise.)
+  const unsigned bal_total = (p.N + 15) >> 4, bal_sl = bal ? blockIdx.x * bal_total / gridDim.x + (tid >> 5) : 0u;
+  const bool bal_ok = bal && bal_sl < (blockIdx.x + 1) * bal_total / gridDim.x;
+  // mt0: this thread's first m-tile
+  const int quarter = bal ? (bal_sl >> 1) & 3 : (tid >> 5) & 3, mt0 = bal ? bal_sl & 1 : WG == 1 ? 0 : (tid >> 7) & 1;
   const int rtl = WG == 4 ? tid >> 8 : 0;  // this thread's row tile within the CTA
   const int SP = PAIR ? (p.S + 1) / 2 : p.S;  // CTAs (and parked partials) per row tile
-  const int rowtile = (blockIdx.x / SP) * RT + rtl, split = blockIdx.x % SP;
+  const int rowtile = bal ? (bal_ok ? (int)(bal_sl >> 3) : 0) : (blockIdx.x / SP) * RT + rtl, split = bal ? 0 : blockIdx.x % SP;
   // An odd last row tile leaves the second of its pair empty: those warpgroups copy nothing,
   // multiply whatever their ring holds and store nothing, but keep every barrier.
-  const bool rt_ok = RT == 1 || rowtile * 128 < p.N;
+  const bool rt_ok = bal ? bal_ok : RT == 1 || rowtile * 128 < p.N;
   const int kt0 = (PAIR ? 2 * split : split) * p.kper;
   const int nrec1 = min(p.KT - kt0, p.kper);                   // the (first) slice's records
   const int nrec = PAIR ? min(p.KT - kt0, 2 * p.kper) : nrec1;  // PAIR: both slices'
@@ -506,6 +512,7 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
       }
     }
   };
+  if (bal && !rt_ok) return;  // no barrier after this point on the balanced form (NCH <= 4)
   if (p.S == 1) {
     if (!(p.diag & 2)) {
       if constexpr (NCH <= 4) {
@@ -729,7 +736,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     const bool pair = p.S >= 2 && wg == 2 && nch <= 8 && ((a.flags & 64) == 0) && !(a.flags & kNoPairs) &&
                       ((a.flags & kPairsAll) || (p.S >= 4 && tokens > 16 && tiles * pairs >= di.sms));
     const int sp = pair ? pairs : p.S;  // CTAs (parked partials) per row tile
-    const int grid = tiles * sp;
+    int grid = tiles * sp;
     // The overlap form (decode of record i+1 behind record i's wgmma): diagnostic 64 up to 64
     // tokens; the default at 65..128, where the four m64n128k16 per record are long enough that
     // it pays (session 10, docs/perf-notes.md: Llama geomean 0.604 -> 0.633, down 55.0 -> 47.5
@@ -752,13 +759,25 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     const bool deep_fits = nch <= 2 && wg == 2 && !ov && !pair && a.stages == 0 && !(a.flags & kNoDeep);
     if (deep_fits && ((a.flags & kDeep) || (nch == 2 && p.S > 1 && p.kper <= 8 && grid <= 2 * di.sms)))
       st = kDeepStages;
+    // The balanced unsplit grid (BAL, session 20) at <= 32 tokens where the 128-row tiles leave
+    // some SMs two and others one (gate_up [28672, 4096]: 224 tiles, two on 92 of 132 SMs): 2 x SMs
+    // CTAs of 6-7 16-row slices, at most two per SM (the shared-memory cap below). Same call,
+    // interleaved, two rounds: gate_up 44.2 -> 44.0 us at M = 1, 46.0 -> 45.2 at 16, 48.5 -> 47.4
+    // at 32; a 6-stage ring on it was slower (+0.2..1.9 us). Diagnostic 8192: never. Same bits.
+    p.bal = 0;
+    if (p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) && nt > di.sms &&
+        nt < 2 * di.sms) {
+      p.bal = 1;
+      grid = 2 * di.sms;
+    }
     // With PDL the CTAs are placed while the previous kernel still holds SMs; capped at what an
     // even spread needs (ceil(grid / SMs) per SM, through the shared-memory request) so that they
     // cannot pile onto the SMs that happen to be free first. Session 9: uncapped, PDL made v4's
     // decode-step graph set slower (0.878 -> 0.934 of cuBLAS) though each shape alone gained;
     // capped, 0.860 -> 0.847, and M = 1 +2.9 % (o 11.8 -> 11.0 us).
     int smem_min = 0;
-    if (p.pdl) {
+    // (The balanced grid's even spread needs the cap with or without PDL.)
+    if (p.pdl || p.bal) {
       const int cap = (grid + di.sms - 1) / di.sms;
       if (cap < di.smem_sm / ring_bytes(st, nch, rt)) smem_min = di.smem_sm / (cap + 1) + 1;
     }

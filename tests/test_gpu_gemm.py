@@ -636,6 +636,31 @@ def test_v4_pair_grid_changes_no_bit(n, k, bias, m, monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [1, 3, 9, 16, 17, 32])
+@pytest.mark.parametrize("tiles_per_sm,k,bias", [(1.7, 512, True), (1.62, 320, False), (1.95, 256, True)])
+def test_v4_balanced_grid_changes_no_bit(tiles_per_sm, k, bias, m, monkeypatch):
+    # Unsplit weights of between one and two 128-row tiles per SM (gate_up's 224 on 132 SMs) run at
+    # <= 32 tokens as 2 x SMs CTAs dealt 16-row slices evenly, a CTA's warps holding slices of two
+    # tiles; W12_GEMM_DIAG=8192 keeps the 128-row CTAs. N off the 16-row and 128-row edges.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = int(128 * sms * tiles_per_sm) + 37
+    assert cuda_ops.splits(n, k, DEV, kernel=4) == 1
+    gen = torch.Generator().manual_seed(170 + m)
+    wt = _weight(n, k, gen, spread=False).to(DEV)
+    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
+    b = torch.randn(n, generator=gen).to(DEV) if bias else None
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    ys = []
+    for diag in ("0", "8192"):
+        monkeypatch.setenv("W12_GEMM_DIAG", diag)
+        _poison_next_alloc(m * n)
+        ys.append(w12.linear(x, w, b))
+    _assert_close(ys[0], _ref(x, wt, b), x, wt)
+    assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "balanced against 128-row CTAs"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 def test_v4_wholek_rule():
     # Where the whole-K clusters run: at most 16 tokens, an even 2-8 slices of >= 16 records, at
     # most one CTA per SM (four per 128-row tile).

@@ -32,8 +32,8 @@ Settings (environment, read on each call):
       kernels_sm120/gemm_w12_mma.cuh); v1: 1 and 2 skip work and give wrong results on purpose; v4: 1
       and 65536 (no reduce kernel) do, 2 is the unsplit grids' per-output epilogue, 256 / 1024
       the deep loop everywhere up to 16 tokens / nowhere, 512 / 128 the pair grid on every split
-      grid up to 64 tokens / nowhere, 4096 one ring instead of the split ring at 65-128 tokens
-      (same bits); README lists all.
+      grid up to 64 tokens / nowhere, 4096 one ring instead of the split ring at 65-128 tokens,
+      8192 the 128-row CTAs where the balanced unsplit grid runs (same bits); README lists all.
 """
 
 from __future__ import annotations
