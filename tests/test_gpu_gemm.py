@@ -603,6 +603,24 @@ def test_v4_wholek_matches_split_grid(n, k, bias, diag, m, monkeypatch):
     assert torch.equal(w12.linear(x, w, b).view(torch.int16), y.view(torch.int16))
 
 
+def _v4_outputs_per_diag(n, k, m, bias, seed, diags, monkeypatch):
+    """v4's output for one weight and input under each W12_GEMM_DIAG value; the first checked
+    against the FP64 reference (the rest are compared bit for bit by the caller)."""
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    gen = torch.Generator().manual_seed(seed)
+    wt = _weight(n, k, gen, spread=False).to(DEV)
+    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
+    b = torch.randn(n, generator=gen).to(DEV) if bias else None
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    ys = []
+    for diag in diags:
+        monkeypatch.setenv("W12_GEMM_DIAG", diag)
+        _poison_next_alloc(m * n)
+        ys.append(w12.linear(x, w, b))
+    _assert_close(ys[0], _ref(x, wt, b), x, wt)
+    return ys
+
+
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 100])
 @pytest.mark.parametrize(
@@ -619,18 +637,7 @@ def test_v4_pair_grid_changes_no_bit(n, k, bias, m, monkeypatch):
     # W12_GEMM_DIAG=512 does so on every split grid up to 64 tokens, 128 never (at 100 tokens
     # neither runs: the split grid as before). The same adds in the same order as the reduce
     # kernel's, so the same bits.
-    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
-    gen = torch.Generator().manual_seed(180 + m)
-    wt = _weight(n, k, gen, spread=False).to(DEV)
-    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
-    b = torch.randn(n, generator=gen).to(DEV) if bias else None
-    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
-    ys = []
-    for diag in ("0", "512", "128"):
-        monkeypatch.setenv("W12_GEMM_DIAG", diag)
-        _poison_next_alloc(m * n)
-        ys.append(w12.linear(x, w, b))
-    _assert_close(ys[0], _ref(x, wt, b), x, wt)
+    ys = _v4_outputs_per_diag(n, k, m, bias, 180 + m, ("0", "512", "128"), monkeypatch)
     assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "pair grid everywhere (512)"
     assert torch.equal(ys[0].view(torch.int16), ys[2].view(torch.int16)), "pair grid never (128)"
 
@@ -642,21 +649,10 @@ def test_v4_balanced_grid_changes_no_bit(tiles_per_sm, k, bias, m, monkeypatch):
     # Unsplit weights of between one and two 128-row tiles per SM (gate_up's 224 on 132 SMs) run at
     # <= 32 tokens as 2 x SMs CTAs dealt 16-row slices evenly, a CTA's warps holding slices of two
     # tiles; W12_GEMM_DIAG=8192 keeps the 128-row CTAs. N off the 16-row and 128-row edges.
-    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n = int(128 * sms * tiles_per_sm) + 37
     assert cuda_ops.splits(n, k, DEV, kernel=4) == 1
-    gen = torch.Generator().manual_seed(170 + m)
-    wt = _weight(n, k, gen, spread=False).to(DEV)
-    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
-    b = torch.randn(n, generator=gen).to(DEV) if bias else None
-    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
-    ys = []
-    for diag in ("0", "8192"):
-        monkeypatch.setenv("W12_GEMM_DIAG", diag)
-        _poison_next_alloc(m * n)
-        ys.append(w12.linear(x, w, b))
-    _assert_close(ys[0], _ref(x, wt, b), x, wt)
+    ys = _v4_outputs_per_diag(n, k, m, bias, 170 + m, ("0", "8192"), monkeypatch)
     assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "balanced against 128-row CTAs"
 
 
