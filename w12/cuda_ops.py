@@ -331,8 +331,7 @@ def fallback_m(kver: int, n: int, k: int, device="cuda") -> int:
     v1's 64-token passes won only at 129 tokens on two shapes, so it keeps 128. The bits are the
     fused kernel's up to this M and cuBLAS's above, so a weight's rows are M-independent up to it.
     """
-    env = os.environ.get("W12_GEMM_FALLBACK_M")
-    if env is not None:
+    if "W12_GEMM_FALLBACK_M" in os.environ:
         return _env_int("W12_GEMM_FALLBACK_M", 128)
     if kver == 4:
         s = splits(n, k, device, kernel=4)
