@@ -10,9 +10,13 @@ the same number of CTAs and does nothing else. This benchmark times such a read 
   the LM head, M = 1), optionally with a small "reduce" kernel after each split projection,
 
 next to cuBLAS and the W12 GEMM measured in the same run, so that the W12 GEMM's time splits into
-what the bytes and launches cost and what the GEMM adds.
+what the bytes and launches cost and what the GEMM adds. ``--ring`` streams a shape's bytes with
+the GEMM's own copy ring instead (v4's pieces, its balanced grid, a delay standing for its work
+per record, ...: the session-21 probes of docs/perf-notes.md), ``--prefetch`` lets each read
+kernel of the graph set prefetch the next launch's first bytes into L2.
 
   python benchmarks/bench_read_floor.py --ctas-per-sm 2,4,8 --json benchmarks/results/read_floor_h200.json
+  python benchmarks/bench_read_floor.py --ring cp:264x256:4,cpg:264x256:4:500,cpg:264x256:4:0:8 --ring-shapes gate_up
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from bench_gemm import LLAMA8B, copies_for, graph_set_llama8b, time_graph  # noqa: E402
+from bench_gemm import LLAMA8B, capture_graph, copies_for, graph_set_llama8b, time_graph, time_graphs  # noqa: E402
 
 SPLIT = {"qkv", "o", "gate_up", "down"}  # split along K by the W12 GEMM (a reduce kernel follows)
 
@@ -82,6 +86,32 @@ def load_lib() -> ctypes.CDLL:
         ctypes.c_int,
         ctypes.c_void_p,
     ]
+    lib.rf_read_pf.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
+    lib.rf_ring.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     lib.rf_tail.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib
 
@@ -113,6 +143,41 @@ class Reader:
         if e != 0:
             raise RuntimeError(f"read_floor chunked launch of {self.ctas} x {threads} threads failed: CUDA error {e}")
 
+    def read_pf(self, buf: torch.Tensor, nxt: torch.Tensor | None, pf: int) -> None:
+        s = torch.cuda.current_stream().cuda_stream
+        nptr, nbytes = (nxt.data_ptr(), nxt.numel()) if nxt is not None else (None, 0)
+        e = self.lib.rf_read_pf(
+            buf.data_ptr(), buf.numel(), nptr, nbytes, pf, self.ctas, self.sink.data_ptr(), self.pdl, s
+        )
+        if e != 0:
+            raise RuntimeError(f"read_floor prefetching launch failed: CUDA error {e}")
+
+    def ring(
+        self, buf: torch.Tensor, threads: int, mode: int, depth: int, spin: int = 0, extra: int = 0, kt: int = 0
+    ) -> None:
+        if mode < 0:
+            return self.read_grid(buf, threads)
+        s = torch.cuda.current_stream().cuda_stream
+        e = self.lib.rf_ring(
+            buf.data_ptr(),
+            buf.numel(),
+            self.ctas,
+            threads,
+            mode,
+            depth,
+            spin,
+            extra,
+            self.scratch.data_ptr(),
+            kt,
+            self.sink.data_ptr(),
+            self.pdl,
+            s,
+        )
+        if e != 0:
+            raise RuntimeError(
+                f"read_floor ring launch ({self.ctas} x {threads}, mode {mode}, depth {depth}): CUDA error {e}"
+            )
+
     def tail(self, ctas: int) -> None:
         s = torch.cuda.current_stream().cuda_stream
         e = self.lib.rf_tail(self.scratch.data_ptr(), self.out.data_ptr(), ctas, self.pdl, s)
@@ -122,6 +187,55 @@ class Reader:
 
 def w12_bytes(n: int, k: int) -> int:
     return ((n + 127) // 128) * ((k + 63) // 64) * 12288
+
+
+def ring_probe(a, lib: ctypes.CDLL, l2: int, res: dict) -> int:
+    """--ring: the copy mechanisms and ring depths of a GEMM-shaped grid, reading only."""
+    modes = {"ld": -1, "ld16": 0, "cp": 1, "bulk": 2, "cpg": 3, "cpe": 4, "cpge": 5, "cpr": 6, "cpgr": 7}
+    items = []
+    for it in (v for v in a.ring.split(",") if v):
+        f = it.split(":")
+        try:
+            ctas, threads = (int(v) for v in f[1].split("x"))
+            depth = int(f[2]) if len(f) > 2 else 0
+            spin = int(f[3]) if len(f) > 3 else 0
+            extra = int(f[4]) if len(f) > 4 else 0
+            mode = modes[f[0]]
+        except (IndexError, KeyError, ValueError):
+            print(
+                f"error: --ring item {it!r}: expected MODE:CTASxTHREADS[:DEPTH[:SPIN[:EXTRA]]], MODE one of {sorted(modes)}",
+                file=sys.stderr,
+            )
+            return 2
+        if mode > 0 and depth not in (3, 4, 6, 8):
+            print(f"error: --ring item {it!r}: DEPTH must be 3, 4, 6 or 8", file=sys.stderr)
+            return 2
+        items.append((it, ctas, threads, mode, depth, spin, extra))
+    res["ring"] = []
+    for name in (v for v in a.ring_shapes.split(",") if v):
+        if name not in LLAMA8B:
+            print(f"error: --ring-shapes {name!r}: not one of {sorted(LLAMA8B)}", file=sys.stderr)
+            return 2
+        nbytes = w12_bytes(*LLAMA8B[name])
+        kt = (LLAMA8B[name][1] + 63) // 64
+        bufs = [torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(copies_for(nbytes, l2))]
+        readers = [(it, Reader(lib, ctas, True), th, mode, d, sp, ex) for it, ctas, th, mode, d, sp, ex in items]
+        graphs = [
+            capture_graph(
+                [lambda b=b, r=r, th=th, m=m, d=d, sp=sp, ex=ex, kt=kt: r.ring(b, th, m, d, sp, ex, kt) for b in bufs]
+            )
+            for _, r, th, m, d, sp, ex in readers
+        ]
+        for (it, *_), (t, _, _) in zip(readers, time_graphs(graphs, a.reps)):
+            row = {"shape": name, "item": it, "us": round(t, 2), "tbps": round(nbytes / t / 1e6, 3)}
+            res["ring"].append(row)
+            print(f"{name:>8} {it:>20} {t:8.2f} us {row['tbps']:6.2f} TB/s")
+        del graphs, bufs, readers
+        torch.cuda.empty_cache()
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {a.json}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -144,6 +258,28 @@ def main(argv=None) -> int:
         help="with --grids: also read with BYTES-sized chunks dealt round-robin to the CTAs (CTA b "
         "reads chunks b, b + G, ...: one moving window instead of G streams; 12288 = a W12 record)",
     )
+    p.add_argument(
+        "--prefetch",
+        default="",
+        help="also time the graph set with each read kernel's CTAs prefetching into L2, at their end, the "
+        "first BYTES of what the same CTA of the next launch reads; comma list of BYTES per CTA (0 = the "
+        "same kernel without it)",
+    )
+    p.add_argument(
+        "--ring",
+        default="",
+        help="read --ring-shapes' W12 bytes with MODE:CTASxTHREADS[:DEPTH[:SPIN[:EXTRA]]] items (comma "
+        "list), then exit. MODE: ld / ld16 (8 / 16 loads in flight per thread), cp (v4's ring of per-thread "
+        "cp.async, DEPTH slots, one barrier per record), bulk (a ring of one bulk copy per 12 KB record), cpg "
+        "(cp with v4's pieces: 16-byte hi, 8-byte lo through L1), cpe / cpge (cp / cpg, each thread refilling "
+        "its own pieces before the barrier), cpr / cpgr (the same, the refill issued before SPIN). DEPTH: 3, 4, "
+        "6 or 8. SPIN: cycles of delay per record standing for the GEMM's work (negative: -SPIN ns asleep). "
+        "EXTRA (cpg), bits: 1 v4's four shared loads, 2 its proxy fence, 4 an activation row's copies, 8 its "
+        "balanced grid's slices (CTAS = 2 x SMs), 16 two records per step, 32 (with 8) records stored "
+        "slice-major",
+    )
+    p.add_argument("--ring-shapes", default="gate_up,down,o", help="shapes for --ring")
+    p.add_argument("--graph-set-only", action="store_true", help="skip the per-shape reads")
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "read_floor_h200.json"))
     a = p.parse_args(argv)
     if a.chunk and (a.chunk < 0 or a.chunk % 16 or not a.grids):
@@ -159,6 +295,8 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     res: dict = {"gpu": props.name, "sms": sms, "shapes": [], "graph_set": [], "grids": []}
     print(f"# {props.name}, {sms} SMs, L2 {l2 >> 20} MB")
+    if a.ring:
+        return ring_probe(a, lib, l2, res)
     grid_items = [g for g in a.grids.split(",") if g and g != "only"]
     grids_only = "only" in a.grids.split(",")
     try:
@@ -195,7 +333,7 @@ def main(argv=None) -> int:
         return 0
 
     # Per shape, back to back, rotated copies (as bench_gemm times each shape).
-    for name, (n, k) in LLAMA8B.items():
+    for name, (n, k) in LLAMA8B.items() if not a.graph_set_only else ():
         for kind, nbytes in (("w12", w12_bytes(n, k)), ("bf16", n * k * 2)):
             bufs = [torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(copies_for(nbytes, l2))]
             for c in cps:
@@ -227,16 +365,31 @@ def main(argv=None) -> int:
                 row = {"ctas_per_sm": c, "pdl": pdl, "reduce_standins": tails, "ms": round(ms, 4)}
                 res["graph_set"].append(row)
                 print(f"graph set, W12 bytes: c{c} pdl{int(pdl)} tails{int(tails)} {ms:.3f} ms")
+    for c, pf in itertools.product(cps, [int(v) for v in a.prefetch.split(",") if v]):
+        for pdl in pdls:
+            r = Reader(lib, c * sms, pdl)
+
+            def step_pf(i, r=r, pf=pf, bufs=bufs):
+                r.read_pf(bufs[i], bufs[i + 1] if i + 1 < len(bufs) else None, pf)
+                if names[i] in SPLIT:
+                    r.tail((LLAMA8B[names[i]][0] + 127) // 128)
+
+            t, _, _ = time_graph([lambda i=i: step_pf(i) for i in range(len(bufs))], a.reps, 1)
+            ms = t * len(names) / 1000.0
+            row = {"ctas_per_sm": c, "pdl": pdl, "reduce_standins": True, "prefetch_bytes": pf, "ms": round(ms, 4)}
+            res["graph_set"].append(row)
+            print(f"graph set, W12 bytes: c{c} pdl{int(pdl)} tails1 next-prefetch {pf} B/CTA {ms:.3f} ms")
     del bufs
     torch.cuda.empty_cache()
     if not a.no_gemm:
-        gs = graph_set_llama8b(gen, max(5, a.reps // 3), [(2, 0, 0, "auto")])
+        gs = graph_set_llama8b(gen, max(5, a.reps // 3), [(2, 0, 0, "auto", 0)])
         res["gemm_graph_set"] = gs
         print(f"graph set: cuBLAS {gs['ms_cublas']:.3f} ms, W12 GEMM {gs['ms_w12']:.3f} ms")
         for row in res["graph_set"]:
             row["floor_over_cublas"] = round(row["ms"] / gs["ms_cublas"], 4)
+            pf = f" next-prefetch {row['prefetch_bytes']} B/CTA" if "prefetch_bytes" in row else ""
             print(
-                f"  read floor c{row['ctas_per_sm']} pdl{int(row['pdl'])} tails{int(row['reduce_standins'])}: "
+                f"  read floor c{row['ctas_per_sm']} pdl{int(row['pdl'])} tails{int(row['reduce_standins'])}{pf}: "
                 f"{row['ms']:.3f} ms = {row['floor_over_cublas']:.3f} of cuBLAS"
             )
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
