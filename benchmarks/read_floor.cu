@@ -114,13 +114,8 @@ __global__ void __launch_bounds__(kMaxThreads) read_pf_kernel(const uint4* __res
   if (acc == 0x9E3779B9u) sink[blockIdx.x & 1023] = acc;
 }
 
-// The GEMM's copy pattern without its work: CTA b streams its contiguous share of 12 KB records
-// through a D-slot shared-memory ring, one barrier per record, and reads one word of each.
-// kBulk = false: every thread copies its 16-byte pieces with cp.async (v4's records), D - 1
-// records in flight; kBulk = true: thread 0 copies each record with one bulk copy onto the slot's
-// mbarrier, D in flight. It says whether the copy mechanism, the ring depth or the CTAs per SM
-// set how fast a GEMM-shaped grid can stream (ld.global in read_kernel reaches more at 4 CTAs per
-// SM than at 2).
+constexpr int kRingRec = 12288;  // one W12 record
+
 // Stands for a GEMM's per-record work: spin > 0 cycles busy, spin < 0 (-spin) ns asleep (no issue).
 __device__ __forceinline__ void delay(int spin) {
   if (spin > 0) {
@@ -132,7 +127,13 @@ __device__ __forceinline__ void delay(int spin) {
   }
 }
 
-constexpr int kRingRec = 12288;
+// The GEMM's copy pattern without its work: CTA b streams its contiguous share of 12 KB records
+// through a D-slot shared-memory ring, one barrier per record, and reads one word of each.
+// kBulk = false: every thread copies its 16-byte pieces with cp.async (v4's records), D - 1
+// records in flight; kBulk = true: thread 0 copies each record with one bulk copy onto the slot's
+// mbarrier, D in flight. It says whether the copy mechanism, the ring depth or the CTAs per SM
+// set how fast a GEMM-shaped grid can stream (ld.global in read_kernel reaches more at 4 CTAs per
+// SM than at 2).
 
 template <int D, bool kBulk>
 __global__ void __launch_bounds__(256) ring_kernel(const uint8_t* __restrict__ src, size_t nrec_all, size_t per,
