@@ -189,33 +189,48 @@ def w12_bytes(n: int, k: int) -> int:
     return ((n + 127) // 128) * ((k + 63) // 64) * 12288
 
 
-def ring_probe(a, lib: ctypes.CDLL, l2: int, res: dict) -> int:
-    """--ring: the copy mechanisms and ring depths of a GEMM-shaped grid, reading only."""
-    modes = {"ld": -1, "ld16": 0, "cp": 1, "bulk": 2, "cpg": 3, "cpe": 4, "cpge": 5, "cpr": 6, "cpgr": 7}
+RING_MODES = {"ld": -1, "ld16": 0, "cp": 1, "bulk": 2, "cpg": 3, "cpe": 4, "cpge": 5, "cpr": 6, "cpgr": 7}
+
+
+def parse_ring(ring: str, shapes: str) -> list[tuple]:
+    """--ring items as (item, ctas, threads, mode, depth, spin, extra); ValueError naming the item."""
+    names = [v for v in shapes.split(",") if v]
+    for name in names:
+        if name not in LLAMA8B:
+            raise ValueError(f"--ring-shapes {name!r}: not one of {sorted(LLAMA8B)}")
     items = []
-    for it in (v for v in a.ring.split(",") if v):
+    for it in (v for v in ring.split(",") if v):
         f = it.split(":")
         try:
             ctas, threads = (int(v) for v in f[1].split("x"))
-            depth = int(f[2]) if len(f) > 2 else 0
-            spin = int(f[3]) if len(f) > 3 else 0
-            extra = int(f[4]) if len(f) > 4 else 0
-            mode = modes[f[0]]
+            depth, spin, extra = (int(f[i]) if len(f) > i else 0 for i in (2, 3, 4))
+            mode = RING_MODES[f[0]]
         except (IndexError, KeyError, ValueError):
-            print(
-                f"error: --ring item {it!r}: expected MODE:CTASxTHREADS[:DEPTH[:SPIN[:EXTRA]]], MODE one of {sorted(modes)}",
-                file=sys.stderr,
-            )
-            return 2
+            raise ValueError(
+                f"--ring item {it!r}: expected MODE:CTASxTHREADS[:DEPTH[:SPIN[:EXTRA]]], MODE one of {sorted(RING_MODES)}"
+            ) from None
+        top = 1024 if mode < 0 else 256  # ld runs read_kernel<1024>, the rest launch bounds of 256
+        if ctas < 1 or threads < 32 or threads > top or threads % 32:
+            raise ValueError(f"--ring item {it!r}: CTAS >= 1 and THREADS a multiple of 32 up to {top}")
         if mode > 0 and depth not in (3, 4, 6, 8):
-            print(f"error: --ring item {it!r}: DEPTH must be 3, 4, 6 or 8", file=sys.stderr)
-            return 2
+            raise ValueError(f"--ring item {it!r}: DEPTH must be 3, 4, 6 or 8")
+        if extra & 8:
+            # The balanced grid gives each warp at most one 16-row slice: the CTAs must hold them all.
+            for name in names:
+                slices = 8 * ((LLAMA8B[name][0] + 127) // 128)
+                if -(-slices // ctas) > threads // 32:
+                    raise ValueError(
+                        f"--ring item {it!r}: {name}'s {slices} slices need >= {-(-slices // (threads // 32))} CTAs "
+                        f"of {threads} threads (EXTRA bit 8: one slice per warp)"
+                    )
         items.append((it, ctas, threads, mode, depth, spin, extra))
+    return items
+
+
+def ring_probe(a, lib: ctypes.CDLL, l2: int, res: dict, items: list[tuple]) -> int:
+    """--ring: the copy mechanisms and ring depths of a GEMM-shaped grid, reading only."""
     res["ring"] = []
     for name in (v for v in a.ring_shapes.split(",") if v):
-        if name not in LLAMA8B:
-            print(f"error: --ring-shapes {name!r}: not one of {sorted(LLAMA8B)}", file=sys.stderr)
-            return 2
         nbytes = w12_bytes(*LLAMA8B[name])
         kt = (LLAMA8B[name][1] + 63) // 64
         bufs = [torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(copies_for(nbytes, l2))]
@@ -284,6 +299,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.chunk and (a.chunk < 0 or a.chunk % 16 or not a.grids):
         p.error(f"--chunk {a.chunk}: must be a positive multiple of 16 bytes, used with --grids")
+    try:
+        prefetch = [int(v) for v in a.prefetch.split(",") if v]
+        ring_items = parse_ring(a.ring, a.ring_shapes) if a.ring else []
+    except ValueError as e:
+        p.error(str(e) if str(e).startswith("--") else f"--prefetch {a.prefetch!r}: expected a comma list of bytes")
+    if any(v < 0 or v % 16 for v in prefetch):
+        p.error(f"--prefetch {a.prefetch!r}: bytes per CTA must be >= 0 and multiples of 16")
     if not torch.cuda.is_available():
         print("error: bench_read_floor needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -296,7 +318,7 @@ def main(argv=None) -> int:
     res: dict = {"gpu": props.name, "sms": sms, "shapes": [], "graph_set": [], "grids": []}
     print(f"# {props.name}, {sms} SMs, L2 {l2 >> 20} MB")
     if a.ring:
-        return ring_probe(a, lib, l2, res)
+        return ring_probe(a, lib, l2, res, ring_items)
     grid_items = [g for g in a.grids.split(",") if g and g != "only"]
     grids_only = "only" in a.grids.split(",")
     try:
@@ -365,7 +387,7 @@ def main(argv=None) -> int:
                 row = {"ctas_per_sm": c, "pdl": pdl, "reduce_standins": tails, "ms": round(ms, 4)}
                 res["graph_set"].append(row)
                 print(f"graph set, W12 bytes: c{c} pdl{int(pdl)} tails{int(tails)} {ms:.3f} ms")
-    for c, pf in itertools.product(cps, [int(v) for v in a.prefetch.split(",") if v]):
+    for c, pf in itertools.product(cps, prefetch):
         for pdl in pdls:
             r = Reader(lib, c * sms, pdl)
 
