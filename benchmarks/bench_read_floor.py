@@ -189,7 +189,7 @@ def w12_bytes(n: int, k: int) -> int:
     return ((n + 127) // 128) * ((k + 63) // 64) * 12288
 
 
-RING_MODES = {"ld": -1, "ld16": 0, "cp": 1, "bulk": 2, "cpg": 3, "cpe": 4, "cpge": 5, "cpr": 6, "cpgr": 7}
+RING_MODES = {"ld": -1, "ld16": 0, "cp": 1, "bulk": 2, "cpg": 3, "cpe": 4, "cpge": 5, "cpr": 6, "cpgr": 7, "bulkr": 8}
 
 
 def parse_ring(ring: str, shapes: str) -> list[tuple]:
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
         default="",
         help="read --ring-shapes' W12 bytes with MODE:CTASxTHREADS[:DEPTH[:SPIN[:EXTRA]]] items (comma "
         "list), then exit. MODE: ld / ld16 (8 / 16 loads in flight per thread), cp (v4's ring of per-thread "
-        "cp.async, DEPTH slots, one barrier per record), bulk (a ring of one bulk copy per 12 KB record), cpg "
+        "cp.async, DEPTH slots, one barrier per record), bulk (a ring of one bulk copy per 12 KB record by thread 0; bulkr: each slot refilled before SPIN), cpg "
         "(cp with v4's pieces: 16-byte hi, 8-byte lo through L1), cpe / cpge (cp / cpg, each thread refilling "
         "its own pieces before the barrier), cpr / cpgr (the same, the refill issued before SPIN). DEPTH: 3, 4, "
         "6 or 8. SPIN: cycles of delay per record standing for the GEMM's work (negative: -SPIN ns asleep). "

@@ -163,11 +163,15 @@ __global__ void __launch_bounds__(256) ring_kernel(const uint8_t* __restrict__ s
       const int slot = (int)(r % D);
       w12::mbar_wait(bars + 8 * slot, (uint32_t)(r / D) & 1);
       acc ^= *reinterpret_cast<const uint32_t*>(rsm + slot * kRingRec + (tid & 511) * 16);
+      // early: the slot is refilled as soon as every thread has read it, before the work (as a
+      // producer warp waiting on an "empty" barrier would); otherwise after it (v4's order).
+      if (!early) delay(spin);
       __syncthreads();
       if (tid == 0 && r + D < nrec) {
         w12::mbar_arrive_expect_tx(bars + 8 * slot, kRingRec);
         w12::bulk_copy_g2s(base + slot * kRingRec, g + (r + D) * kRingRec, kRingRec, bars + 8 * slot);
       }
+      if (early) delay(spin);
     }
 #endif
   } else {
@@ -360,7 +364,8 @@ extern "C" int rf_read_pf(const void* src, size_t bytes, const void* nxt, size_t
 // mode 0: read_kernel with 16 loads in flight per thread; 1: a ring of per-thread cp.async; 2: a
 // ring of bulk copies; 3: mode 1 with v4's pieces (256 threads, or any with extra & 8); 4 / 5: modes
 // 1 / 3 with each thread refilling its own pieces before the barrier; 6 / 7: the same, the refill
-// issued before the per-record work instead of after it. depth: 3, 4, 6 or 8; spin: ring_kernel's
+// issued before the per-record work instead of after it; 8: mode 2 refilling each slot before the
+// per-record work. depth: 3, 4, 6 or 8; spin: ring_kernel's
 // delay per record; extra: see ring_kernel (modes 1 and 3); xsrc: 4 KB the activation copies
 // read; kt: records per 128-row tile (extra & 8).
 extern "C" int rf_ring(const void* src, size_t bytes, int ctas, int threads, int mode, int depth, int spin, int extra,
@@ -368,7 +373,8 @@ extern "C" int rf_ring(const void* src, size_t bytes, int ctas, int threads, int
   // v4's pieces need its 8-warp CTA, or (balanced grid) at most one slice per warp.
   if ((mode == 3 || mode == 5 || mode == 7) && threads != 256 && !((extra & 8) && threads % 32 == 0))
     return static_cast<int>(cudaErrorInvalidValue);
-  int gemm_copies = mode == 3 || mode == 5 || mode == 7 ? 1 : 0, early = mode >= 6 ? 2 : mode >= 4 ? 1 : 0;
+  int gemm_copies = mode == 3 || mode == 5 || mode == 7 ? 1 : 0, early = mode == 8 ? 1 : mode >= 6 ? 2 : mode >= 4 ? 1 : 0;
+  if (mode == 8) mode = 2;
   if (mode >= 3) mode = 1;
   if (threads < 32 || threads > 256 || threads % 32) return static_cast<int>(cudaErrorInvalidValue);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -12,7 +12,8 @@
 // qkv-like weights at 17-64 tokens), the DEEP loop (session 16, short slices at 9-16 tokens), PDL
 // on unsplit grids at <= 16 tokens (16), whole-K clusters for down-like weights at 1-16 tokens (15,
 // gemm_w12_wholek_sm90.cu), the split ring of row-tile-pair grids at 65-128 tokens (18), the
-// balanced unsplit grid at <= 32 tokens (BAL, 20). Its bits differ from v1's (about 2-4e-4 of the
+// balanced unsplit grid at <= 32 tokens (BAL, 20), bulk-copied records where BAL would run at 1-2
+// tokens (BULK, 22). Its bits differ from v1's (about 2-4e-4 of the
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every M
 // or for none.
 //
@@ -36,8 +37,8 @@
 //   same partials in the same order inside the cluster instead.
 // - Each thread streams its own fragment bytes of every record (v1's per-thread cp.async ring,
 //   STAGES deep); fence.proxy.async makes the activation tile visible to wgmma. Row-tile pairs
-//   at 65-128 tokens split the ring (XS > 0): records by one bulk copy each on per-slot mbarriers,
-//   activation tiles by cp.async further ahead in slots of their own.
+//   at 65-128 tokens and BULK split the ring (XS > 0): records by one bulk copy each on per-slot
+//   mbarriers, activation tiles by cp.async in slots of their own.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -64,6 +65,7 @@ constexpr int kDeepStages = 6;          // its ring (4 records in flight); launc
 constexpr int kNoPairs = 128;           // diagnostic 128: never the pair grid (PAIR)
 constexpr int kPairsAll = 512;          // diagnostic 512: the pair grid on every split grid (S >= 2, <= 64 tokens)
 constexpr int kNoBalance = 8192;        // diagnostic 8192: never the balanced unsplit grid (BAL)
+constexpr int kNoBulkRecords = 16384;   // diagnostic 16384: never bulk-copied records at 1-2 tokens (BULK)
 
 // One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
 // as fix_escapes does.
@@ -565,6 +567,11 @@ cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stre
 template <int NCH>
 cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int grid, int smem_min,
                         cudaStream_t stream, bool pair = false, bool split_ring = false) {
+  if constexpr (NCH == 1) {
+    // Bulk-copied records at 1-2 tokens (BULK below): the split ring, 4 record slots, 3
+    // activation-tile slots.
+    if (split_ring) return launch_w<1, 4, false, 2, false, false, 3>(p, grid, smem_min, stream);
+  }
   if constexpr (NCH == 16) {
     // The split ring: 3 record slots (72 KB), 6 activation-tile slots (96 KB).
     if (split_ring) return launch_w<16, 3, true, 4, false, false, 6>(p, grid, smem_min, stream);
@@ -764,8 +771,19 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // CTAs of 6-7 16-row slices, at most two per SM (the shared-memory cap below). Same call,
     // interleaved, two rounds: gate_up 44.2 -> 44.0 us at M = 1, 46.0 -> 45.2 at 16, 48.5 -> 47.4
     // at 32; a 6-stage ring on it was slower (+0.2..1.9 us). Diagnostic 8192: never. Same bits.
+    // Bulk-copied records (BULK, session 22, docs/perf-notes.md) at 1-2 tokens where BAL would
+    // run (unsplit, between one and two 128-row tiles per SM): the split ring of row-tile pairs
+    // (one bulk copy per record by thread 0 on per-slot barriers, 4 records in flight, the
+    // activation row in 3 slots of its own) on the 128-row CTAs. Same call, interleaved, three
+    // rounds: gate_up 43.90 / 44.93 / 45.09 -> 43.01 / 44.00 / 44.19 us at M = 1, 44.86 / 45.09 ->
+    // 44.57 / 44.83 at 2, but +0.35 at 4 and +0.7..1.3 at 8-16; 3 or 6 record slots, 6
+    // activation slots slower; multi-wave unsplit grids slower at 1-16 tokens (lm_head +2.8 us,
+    // 32B [51200, 5120] +4.6 at M = 1). Diagnostic 16384: never. Same bits (the same wgmma).
+    const bool bulk_rec = p.S == 1 && tokens <= 2 && wg == 2 && !ov && !pair && st != kDeepStages &&
+                          !(a.flags & (kNoBalance | kNoBulkRecords)) && nt > di.sms && nt < 2 * di.sms;
+    if (bulk_rec) st = 4;
     p.bal = 0;
-    if (p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) && nt > di.sms &&
+    if (!bulk_rec && p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) && nt > di.sms &&
         nt < 2 * di.sms) {
       p.bal = 1;
       grid = 2 * di.sms;
@@ -789,7 +807,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // weight (o +0.4..4 us), so those keep one ring. Diagnostic 4096: never. Same bits (the same
     // wgmma in the same order).
     const bool sr = nch == 16 && wg == 4 && ov && !(a.flags & 4096);
-    if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair);
+    if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec);
     else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair);
     else if (nch == 4) e = launch_pick<4>(st, ov, wg, p, grid, smem_min, stream, pair);
     else if (nch == 8) e = launch_pick<8>(st, ov, wg, p, grid, smem_min, stream, pair);

@@ -657,6 +657,22 @@ def test_v4_balanced_grid_changes_no_bit(tiles_per_sm, k, bias, m, monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("tiles_per_sm,k,bias", [(1.7, 512, True), (1.62, 320, False), (1.95, 64, True)])
+def test_v4_bulk_records_change_no_bit(tiles_per_sm, k, bias, m, monkeypatch):
+    # Where the balanced grid would run, 1-2 tokens stream the records by one bulk copy each
+    # (the split ring on 128-row CTAs); W12_GEMM_DIAG=16384 keeps the balanced grid, 8192 the
+    # 128-row CTAs with per-thread copies. At 3 tokens all three must be the balanced grid's
+    # bits too. N off the 16-row and 128-row edges; K of one record included.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = int(128 * sms * tiles_per_sm) + 53
+    assert cuda_ops.splits(n, k, DEV, kernel=4) == 1
+    ys = _v4_outputs_per_diag(n, k, m, bias, 190 + m, ("0", "16384", "8192"), monkeypatch)
+    assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "bulk records against the balanced grid"
+    assert torch.equal(ys[0].view(torch.int16), ys[2].view(torch.int16)), "bulk records against 128-row CTAs"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 def test_v4_wholek_rule():
     # Where the whole-K clusters run: at most 16 tokens, an even 2-8 slices of >= 16 records, at
     # most one CTA per SM (four per 128-row tile).

@@ -33,7 +33,8 @@ Settings (environment, read on each call):
       and 65536 (no reduce kernel) do, 2 is the unsplit grids' per-output epilogue, 256 / 1024
       the deep loop everywhere up to 16 tokens / nowhere, 512 / 128 the pair grid on every split
       grid up to 64 tokens / nowhere, 4096 one ring instead of the split ring at 65-128 tokens,
-      8192 the 128-row CTAs where the balanced unsplit grid runs (same bits); README lists all.
+      8192 the 128-row CTAs where the balanced unsplit grid runs, 16384 per-thread record copies
+      where bulk-copied records run (1-2 tokens on those weights) (same bits); README lists all.
 """
 
 from __future__ import annotations
