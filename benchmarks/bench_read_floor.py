@@ -291,7 +291,8 @@ def main(argv=None) -> int:
         "6 or 8. SPIN: cycles of delay per record standing for the GEMM's work (negative: -SPIN ns asleep). "
         "EXTRA (cpg), bits: 1 v4's four shared loads, 2 its proxy fence, 4 an activation row's copies, 8 its "
         "balanced grid's slices (CTAS = 2 x SMs), 16 two records per step, 32 (with 8) records stored "
-        "slice-major, 64 (cpe...cpgr) no barrier per step",
+        "slice-major, 64 (cpe...cpgr) no barrier per step, 128 (cp, cpg) each CTA's delay per record drawn "
+        "from [0, 2 SPIN), 256 (cp, cpg, without 8) records dealt round-robin to the CTAs",
     )
     p.add_argument("--ring-shapes", default="gate_up,down,o", help="shapes for --ring")
     p.add_argument("--graph-set-only", action="store_true", help="skip the per-shape reads")

@@ -188,6 +188,16 @@ __global__ void __launch_bounds__(256) ring_kernel(const uint8_t* __restrict__ s
     const uint8_t* gsrc = g;
     size_t nsteps = nrec;
     bool mine = true, slice_major = false;
+    // extra & 256 (without 8): records dealt round-robin, CTA b's r-th being record b + r G (one
+    // moving window over the weight instead of G separate streams).
+    const bool rr = (extra & 256) && !(extra & 8);
+    size_t rstride = kRingRec;
+    if (rr) {
+      const size_t G = gridDim.x;
+      nsteps = blockIdx.x < nrec_all ? (nrec_all - blockIdx.x + G - 1) / G : 0;
+      gsrc = src + (size_t)blockIdx.x * kRingRec;
+      rstride = G * kRingRec;
+    }
     if ((extra & 8) && gemm_copies && kt > 0) {
       const unsigned total = (unsigned)(nrec_all / kt) * 8u, G = gridDim.x;
       const unsigned sl = blockIdx.x * total / G + (tid >> 5);
@@ -208,7 +218,7 @@ __global__ void __launch_bounds__(256) ring_kernel(const uint8_t* __restrict__ s
         const size_t rec = r * rps + j;
         if (rec >= nrecs) return;
         const uint32_t dst = base + (uint32_t)(r % D) * slot_bytes + j * kRingRec;
-        const uint8_t* gr = gsrc + rec * kRingRec;
+        const uint8_t* gr = gsrc + rec * rstride;
         if (slice_major) {
           if (!mine) return;
           const uint8_t* gs = gsrc + rec * 1536;
@@ -272,7 +282,15 @@ __global__ void __launch_bounds__(256) ring_kernel(const uint8_t* __restrict__ s
         acc ^= h0.x ^ h0.y ^ h0.z ^ h0.w ^ h1.x ^ h1.y ^ h1.z ^ h1.w ^ l0.x ^ l0.y ^ l1.x ^ l1.y;
       }
       acc ^= *reinterpret_cast<const uint32_t*>(rsm + (r % D) * slot_bytes + (tid & 511) * 16);
-      delay(spin);
+      // extra & 128: each CTA's delay for record r drawn uniformly from [0, 2 SPIN) (same mean),
+      // so that CTAs do not step in time with each other.
+      if (extra & 128) {
+        const uint32_t h = (blockIdx.x * 0x9E3779B1u) ^ ((uint32_t)r * 0x85EBCA77u);
+        const uint32_t hh = (h ^ (h >> 15)) * 0x2C1B3C6Du;
+        delay((int)(((unsigned long long)(2 * spin) * ((hh ^ (hh >> 12)) & 0xFFFF)) >> 16));
+      } else {
+        delay(spin);
+      }
       __syncthreads();
       if (r + D - 1 < nsteps) {
         issue(r + D - 1);
