@@ -779,12 +779,13 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // 44.57 / 44.83 at 2, but +0.35 at 4 and +0.7..1.3 at 8-16; 3 or 6 record slots, 6
     // activation slots slower; multi-wave unsplit grids slower at 1-16 tokens (lm_head +2.8 us,
     // 32B [51200, 5120] +4.6 at M = 1). Diagnostic 16384: never. Same bits (the same wgmma).
-    const bool bulk_rec = p.S == 1 && tokens <= 2 && wg == 2 && !ov && !pair && st != kDeepStages &&
-                          !(a.flags & (kNoBalance | kNoBulkRecords)) && nt > di.sms && nt < 2 * di.sms;
+    // (A forced ring depth, W12_GEMM_STAGES, keeps BAL.)
+    const bool bal_shape = p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) &&
+                           nt > di.sms && nt < 2 * di.sms;
+    const bool bulk_rec = bal_shape && tokens <= 2 && a.stages == 0 && !(a.flags & kNoBulkRecords);
     if (bulk_rec) st = 4;
     p.bal = 0;
-    if (!bulk_rec && p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) && nt > di.sms &&
-        nt < 2 * di.sms) {
+    if (bal_shape && !bulk_rec) {
       p.bal = 1;
       grid = 2 * di.sms;
     }
