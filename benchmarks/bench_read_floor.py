@@ -214,6 +214,13 @@ def parse_ring(ring: str, shapes: str) -> list[tuple]:
             raise ValueError(f"--ring item {it!r}: CTAS >= 1 and THREADS a multiple of 32 up to {top}")
         if mode > 0 and depth not in (3, 4, 6, 8):
             raise ValueError(f"--ring item {it!r}: DEPTH must be 3, 4, 6 or 8")
+        if extra & 128 and mode not in (1, 3):
+            raise ValueError(f"--ring item {it!r}: EXTRA 128 (a jittered delay) needs MODE cp or cpg")
+        if extra & 256 and (mode not in (1, 3, 4, 5, 6, 7) or extra & 8):
+            raise ValueError(
+                f"--ring item {it!r}: EXTRA 256 (round-robin records) needs MODE cp, cpg, cpe, cpge, cpr or "
+                "cpgr, and not EXTRA 8"
+            )
         if extra & 8:
             # The balanced grid gives each warp at most one 16-row slice: the CTAs must hold them all.
             for name in names:
@@ -292,7 +299,7 @@ def main(argv=None) -> int:
         "EXTRA (cpg), bits: 1 v4's four shared loads, 2 its proxy fence, 4 an activation row's copies, 8 its "
         "balanced grid's slices (CTAS = 2 x SMs), 16 two records per step, 32 (with 8) records stored "
         "slice-major, 64 (cpe...cpgr) no barrier per step, 128 (cp, cpg) each CTA's delay per record drawn "
-        "from [0, 2 SPIN), 256 (cp, cpg, without 8) records dealt round-robin to the CTAs",
+        "from [0, 2 SPIN), 256 (cp...cpgr, without 8) records dealt round-robin to the CTAs",
     )
     p.add_argument("--ring-shapes", default="gate_up,down,o", help="shapes for --ring")
     p.add_argument("--graph-set-only", action="store_true", help="skip the per-shape reads")
