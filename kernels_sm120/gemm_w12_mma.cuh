@@ -42,7 +42,8 @@ struct GemmArgs : GemmOperands {
                             // 12..15 = records prefetched per CTA (0: none); 65536 = cluster reduction
                             // above 8 tokens; 131072 = records copied per thread with cp.async
                             // above 16 tokens on sm_90+ too (default there: one bulk copy per
-                            // record). None
+                            // record); 262144 = no two-CTAs-per-SM cap on unsplit multi-wave
+                            // grids at 49..64 tokens (sm_90). None
                             // changes a bit of the result; bits 20+ are the launcher's own
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
                             // v3 (gemm_slab_launch): bit 1 (stream only), 32 (above); v4 (gemm_wgmma_launch): 64 = decode overlapping the
@@ -54,7 +55,8 @@ struct GemmArgs : GemmOperands {
                             // 512 / 128 = the pair grid on every split grid up to 64 tokens / never (same bits;
                             // v1 reads 512 as its in-kernel ticket reduction), 4096 = one ring for records and
                             // activation tiles on row-tile-pair grids at 65..128 tokens (default there: the
-                            // split ring; same bits)
+                            // split ring; same bits), 8192 = never the balanced unsplit grid, 16384 = never
+                            // bulk-copied records at 1..2 tokens (same bits)
 };
 
 // Argument checks shared by every launcher (M == 0 is valid and launches nothing).

@@ -465,6 +465,12 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
       const int cps = a.target_ctas / di.sms > 1 ? a.target_ctas / di.sms : 1;
       smem_min = di.smem_sm / (cps + 1) + 1024;
     }
+    // Unsplit multi-wave grids at 49-64 tokens on sm_90: at most two CTAs per SM (session 22,
+    // docs/perf-notes.md; same calls, interleaved: lm_head 319.5 / 317.1 -> 299.8 / 295.2 us at
+    // 64 tokens and 300.5 / 296.4 -> 286.1 / 277.4 at 56, level to -4 % at 40-48; measured on the
+    // H200 only). Diagnostic 262144: never. Timing only: the bits do not change.
+    if (s == 1 && tokens > 48 && major == 9 && (long)nt > 2L * di.sms && !(a.flags & (1 << 18)))
+      smem_min = max(smem_min, di.smem_sm / 3 + 1024);
     // Ring depth: W12_GEMM_STAGES 3 or 4, else 3 up to 32 tokens and wave_stages() above (4 on
     // small grids and where 3 would leave a thin last wave: gate_up 82.6 -> 77.7 us at 64 tokens,
     // down 41.1 -> 40.1; qkv, 384 CTAs in one 3-stage wave, keeps 3: 22.1 against 25.8).

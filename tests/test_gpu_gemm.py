@@ -603,10 +603,10 @@ def test_v4_wholek_matches_split_grid(n, k, bias, diag, m, monkeypatch):
     assert torch.equal(w12.linear(x, w, b).view(torch.int16), y.view(torch.int16))
 
 
-def _v4_outputs_per_diag(n, k, m, bias, seed, diags, monkeypatch):
-    """v4's output for one weight and input under each W12_GEMM_DIAG value; the first checked
-    against the FP64 reference (the rest are compared bit for bit by the caller)."""
-    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+def _v4_outputs_per_diag(n, k, m, bias, seed, diags, monkeypatch, kernel="v4"):
+    """``kernel``'s output for one weight and input under each W12_GEMM_DIAG value; the first
+    checked against the FP64 reference (the rest are compared bit for bit by the caller)."""
+    monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
     gen = torch.Generator().manual_seed(seed)
     wt = _weight(n, k, gen, spread=False).to(DEV)
     w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
@@ -619,6 +619,17 @@ def _v4_outputs_per_diag(n, k, m, bias, seed, diags, monkeypatch):
         ys.append(w12.linear(x, w, b))
     _assert_close(ys[0], _ref(x, wt, b), x, wt)
     return ys
+
+
+@pytest.mark.parametrize("m", [48, 49, 64])
+def test_v1_two_ctas_per_sm_changes_no_bit(m, monkeypatch):
+    # v1's unsplit grids of more than two 128-row tiles per SM run at most two CTAs per SM at
+    # 49-64 tokens on sm_90 (timing only); W12_GEMM_DIAG=262144 never caps. N off the tile edge.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k = 128 * (2 * sms + 3) + 77, 256
+    assert cuda_ops.splits(n, k, DEV, kernel=1) == 1
+    ys = _v4_outputs_per_diag(n, k, m, True, 210 + m, ("0", "262144"), monkeypatch, kernel="v1")
+    assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "v1 capped against uncapped"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
