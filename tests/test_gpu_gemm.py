@@ -603,7 +603,7 @@ def test_v4_wholek_matches_split_grid(n, k, bias, diag, m, monkeypatch):
     assert torch.equal(w12.linear(x, w, b).view(torch.int16), y.view(torch.int16))
 
 
-def _v4_outputs_per_diag(n, k, m, bias, seed, diags, monkeypatch, kernel="v4"):
+def _outputs_per_diag(n, k, m, bias, seed, diags, monkeypatch, kernel="v4"):
     """``kernel``'s output for one weight and input under each W12_GEMM_DIAG value; the first
     checked against the FP64 reference (the rest are compared bit for bit by the caller)."""
     monkeypatch.setenv("W12_GEMM_KERNEL", kernel)
@@ -628,7 +628,7 @@ def test_v1_two_ctas_per_sm_changes_no_bit(m, monkeypatch):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n, k = 128 * (2 * sms + 3) + 77, 256
     assert cuda_ops.splits(n, k, DEV, kernel=1) == 1
-    ys = _v4_outputs_per_diag(n, k, m, True, 210 + m, ("0", "262144"), monkeypatch, kernel="v1")
+    ys = _outputs_per_diag(n, k, m, True, 210 + m, ("0", "262144"), monkeypatch, kernel="v1")
     assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "v1 capped against uncapped"
 
 
@@ -648,7 +648,7 @@ def test_v4_pair_grid_changes_no_bit(n, k, bias, m, monkeypatch):
     # W12_GEMM_DIAG=512 does so on every split grid up to 64 tokens, 128 never (at 100 tokens
     # neither runs: the split grid as before). The same adds in the same order as the reduce
     # kernel's, so the same bits.
-    ys = _v4_outputs_per_diag(n, k, m, bias, 180 + m, ("0", "512", "128"), monkeypatch)
+    ys = _outputs_per_diag(n, k, m, bias, 180 + m, ("0", "512", "128"), monkeypatch)
     assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "pair grid everywhere (512)"
     assert torch.equal(ys[0].view(torch.int16), ys[2].view(torch.int16)), "pair grid never (128)"
 
@@ -663,7 +663,7 @@ def test_v4_balanced_grid_changes_no_bit(tiles_per_sm, k, bias, m, monkeypatch):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n = int(128 * sms * tiles_per_sm) + 37
     assert cuda_ops.splits(n, k, DEV, kernel=4) == 1
-    ys = _v4_outputs_per_diag(n, k, m, bias, 170 + m, ("0", "8192"), monkeypatch)
+    ys = _outputs_per_diag(n, k, m, bias, 170 + m, ("0", "8192"), monkeypatch)
     assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "balanced against 128-row CTAs"
 
 
@@ -678,7 +678,7 @@ def test_v4_bulk_records_change_no_bit(tiles_per_sm, k, bias, m, monkeypatch):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n = int(128 * sms * tiles_per_sm) + 53
     assert cuda_ops.splits(n, k, DEV, kernel=4) == 1
-    ys = _v4_outputs_per_diag(n, k, m, bias, 190 + m, ("0", "16384", "8192"), monkeypatch)
+    ys = _outputs_per_diag(n, k, m, bias, 190 + m, ("0", "16384", "8192"), monkeypatch)
     assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "bulk records against the balanced grid"
     assert torch.equal(ys[0].view(torch.int16), ys[2].view(torch.int16)), "bulk records against 128-row CTAs"
 
