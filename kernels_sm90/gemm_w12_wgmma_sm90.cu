@@ -783,7 +783,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     const bool bal_shape = p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) &&
                            nt > di.sms && nt < 2 * di.sms;
     const bool bulk_rec = bal_shape && tokens <= 2 && a.stages == 0 && !(a.flags & kNoBulkRecords);
-    if (bulk_rec) st = 4;
+    if (bulk_rec) st = 4;  // its record slots (launch_pick fixes the form): what the cap below sizes for
     p.bal = 0;
     if (bal_shape && !bulk_rec) {
       p.bal = 1;
