@@ -43,7 +43,9 @@ struct GemmArgs : GemmOperands {
                             // above 8 tokens; 131072 = records copied per thread with cp.async
                             // above 16 tokens on sm_90+ too (default there: one bulk copy per
                             // record); 262144 = no two-CTAs-per-SM cap on unsplit multi-wave
-                            // grids at 49..64 tokens (sm_90). None
+                            // grids at 49..64 tokens (sm_90); 64 = never the R64 kernel at
+                            // 33..64 tokens, 128 = R64 wherever it can run (default: sm_90 grids
+                            // of > 1.5 R64 CTAs per SM). None
                             // changes a bit of the result; bits 20+ are the launcher's own
                             // v2 (gemm_sk_launch) reads bit 1 only (stream only, wrong output)
                             // v3 (gemm_slab_launch): bit 1 (stream only), 32 (above); v4 (gemm_wgmma_launch): 64 = decode overlapping the

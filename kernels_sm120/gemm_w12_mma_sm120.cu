@@ -47,6 +47,9 @@ constexpr int kMaxTokens = kMmaMaxTokens;  // per launch; longer M is cut into 6
 constexpr int kMaxSplits = 16;
 // Diagnostic: never 8-warp CTAs (diagnostic 8 forces them at every token count instead).
 constexpr int kDiagNarrow = 1 << 19;
+// Diagnostics: never R64 (64) / R64 wherever it can run (128) at 33-64 tokens (gemm_launch).
+constexpr int kNoR64 = 64;
+constexpr int kAllR64 = 128;
 // Largest token count the launcher gives 8-warp CTAs to (where the grid is small; gemm_launch).
 constexpr int kWideMaxTokens = 32;
 // Records per CTA prefetched into L2 before the wait (diagnostic bits 12..15 set 1..15). None by
@@ -478,7 +481,17 @@ cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {
     if (a.stages == 3 || a.stages == 4) stages = a.stages;
     else if (tokens > 32) stages = wave_stages((long)nt * s, di, 3 * (kRecordBytes + 8 * 1024) + 1024, true);
     cudaError_t err;
-    switch (stages) {
+    // R64 (gemm_w12_rows64_sm120.cu: 64 rows per warp, two row tiles per CTA) at 33-64 tokens on
+    // sm_90 where its grid of ceil(tiles / 2) x S CTAs is more than 1.5 per SM. Measured on the
+    // H200 (session 23, docs/perf-notes.md), interleaved, at 64 / 48 / 33 tokens: lm_head 289 /
+    // 273 / 248 -> 239 / 226 / 214 us, gate_up 67.4 / 64.9 / 64.3 -> 63.7 / 60.9 / 60.1, 32B
+    // [51200, 5120] -14 %; qkv (1.45 CTAs per SM) 18.7 -> 21.4 and o, down (< 1 per SM) slower, so
+    // not there. Diagnostic 64: never; 128: wherever it can run. Same bits.
+    const bool r64_ok = tokens > 32 && major >= 9 && !p.cluster && (s == 1 || reduce_kernel) && !(a.flags & kNoR64);
+    const long r64_ctas = (long)(nt + 1) / 2 * s;
+    if (r64_ok && ((a.flags & kAllR64) || (major == 9 && 2 * r64_ctas > 3L * di.sms)))
+      err = gemm_r64_launch(p, smem_min, dev, stream);
+    else switch (stages) {
       case 4: err = launch_stages<4>(p, nt * s, tokens, smem_min, dev, stream); break;
       default: err = launch_stages<3>(p, nt * s, tokens, smem_min, dev, stream); break;
     }

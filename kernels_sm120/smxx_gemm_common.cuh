@@ -3,6 +3,7 @@
 // Torch-free, header-only.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -25,6 +26,36 @@ __device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e
     v = __fsub_rn(v, __fmul_rn(slot, xv));
   }
   return v;
+}
+
+// The per-row half of the shared-memory epilogues (v4's store_rows_smem, v1's R64 kernel): row n's
+// FP32 sums for tokens mlo..mhi-1 at yr[mlo..]: scale, escapes (fix_escapes' operations in its
+// order, each escape's column and value loaded once for all tokens), bias, BF16 stores. The
+// caller puts consecutive rows in consecutive lanes, so one token's stores are contiguous.
+template <typename P>
+__device__ __forceinline__ void epilogue_row_smem(float* yr, int n, int mlo, int mhi, const P& p) {
+  const float sc = row_scale(__ldg(p.base + n)), slot = sc * 0x1p-15f;
+  const int e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
+  const float b = p.bias ? __ldg(p.bias + n) : 0.f;
+#pragma unroll 4
+  for (int m = mlo; m < mhi; ++m) yr[m] = yr[m] * sc;
+  for (int e = e0; e < e1; ++e) {
+    const int col = __ldg(p.esc_col + e);
+    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+#pragma unroll 4
+    for (int m = mlo; m < mhi; ++m) {
+      const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
+      float y = yr[m];
+      y = __fadd_rn(y, __fmul_rn(wv, xv));
+      yr[m] = __fsub_rn(y, __fmul_rn(slot, xv));
+    }
+  }
+#pragma unroll 4
+  for (int m = mlo; m < mhi; ++m) {
+    float y = yr[m];
+    if (p.bias) y = __fadd_rn(y, b);
+    p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+  }
 }
 
 // The MMAs of one decoded record share: a[16*MT] A fragments (MT m-tiles of 16 rows, layout 4)

@@ -163,4 +163,8 @@ __device__ __forceinline__ void store_fragment(const float (&v)[4], int nbase, i
 // (gemm_w12_reduce_sm120.cu).
 cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStream_t stream);
 
+// v1's 33-64-token kernel with 64 rows per warp (R64, gemm_w12_rows64_sm120.cu), on sm_90+ where p is
+// unsplit or has kReduceKernel; smem_min as launch_one's.
+cudaError_t gemm_r64_launch(const KParams& p, int smem_min, int dev, cudaStream_t stream);
+
 }  // namespace w12

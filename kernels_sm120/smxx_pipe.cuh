@@ -108,6 +108,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// One cache line into L2 (no register, no completion to wait for).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // Pulls `bytes` (a multiple of 16) at `src` into L2 without touching shared memory or registers
 // (sm_90+; no-op elsewhere). Safe before pdl_wait even for data a previous kernel may still be
 // writing: L2 is the point of coherence, so a later load sees the final bytes either way.

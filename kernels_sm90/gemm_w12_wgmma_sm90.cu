@@ -179,29 +179,7 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
   const int rl = tid % R, n = row0 + rl;
   const int mlo = (tid / R) * (T / PER_ROW), mhi = min(mlo + T / PER_ROW, p.M);
   if (n >= p.N || mlo >= mhi) return;
-  float* yr = Y + rl * TP;
-  const float sc = row_scale(__ldg(p.base + n)), slot = sc * 0x1p-15f;
-  const int e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
-  const float b = p.bias ? __ldg(p.bias + n) : 0.f;
-#pragma unroll 4
-  for (int m = mlo; m < mhi; ++m) yr[m] = yr[m] * sc;
-  for (int e = e0; e < e1; ++e) {
-    const int col = __ldg(p.esc_col + e);
-    const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-#pragma unroll 4
-    for (int m = mlo; m < mhi; ++m) {
-      const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
-      float y = yr[m];
-      y = __fadd_rn(y, __fmul_rn(wv, xv));
-      yr[m] = __fsub_rn(y, __fmul_rn(slot, xv));
-    }
-  }
-#pragma unroll 4
-  for (int m = mlo; m < mhi; ++m) {
-    float y = yr[m];
-    if (p.bias) y = __fadd_rn(y, b);
-    p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
-  }
+  epilogue_row_smem(Y + rl * TP, n, mlo, mhi, p);
 }
 
 // WG = warpgroups per CTA. WG = 1: each warp decodes both m-tiles of its 32-row quarter and the

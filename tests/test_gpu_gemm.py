@@ -632,6 +632,31 @@ def test_v1_two_ctas_per_sm_changes_no_bit(m, monkeypatch):
     assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), "v1 capped against uncapped"
 
 
+@pytest.mark.parametrize("m", [32, 33, 47, 64, 100])
+@pytest.mark.parametrize(
+    "n,k,bias",
+    [
+        (1000, 192, True),  # 3 slices, 8 tiles: N off the tile edge
+        (640, 4096, False),  # 5 tiles (the last CTA holds one), split
+        (128 * 9 + 77, 256, True),  # unsplit, 10 tiles, N off the tile edge
+        ("rule", 256, True),  # unsplit, odd tile count, enough tiles for the default rule
+    ],
+)
+def test_v1_r64_changes_no_bit(n, k, bias, m, monkeypatch):
+    # R64 (gemm_w12_rows64_sm120.cu: 64 rows per warp, two row tiles per CTA) at 33-64 tokens
+    # gives each accumulator v1's MMAs in v1's order and parks v1's partial map: the same bits as
+    # v1's kernel. W12_GEMM_DIAG=64 never runs it, 128 wherever it can (at 32 and 100 tokens
+    # neither does: v1's kernel, 100 as 64 + 36).
+    if torch.cuda.get_device_capability(0)[0] < 9:
+        pytest.skip("R64 runs on sm_90+ only")
+    if n == "rule":
+        n = 128 * (3 * torch.cuda.get_device_properties(0).multi_processor_count + 2) + 77
+        assert cuda_ops.splits(n, k, DEV, kernel=1) == 1
+    ys = _outputs_per_diag(n, k, m, bias, 230 + m, ("64", "0", "128"), monkeypatch, kernel="v1")
+    for d, y in zip(("0", "128"), ys[1:]):
+        assert torch.equal(ys[0].view(torch.int16), y.view(torch.int16)), f"v1 against R64 (diagnostic {d})"
+
+
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 100])
 @pytest.mark.parametrize(
