@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A session's closing device call: every GPU test on the final library, then the GEMM benchmark
 # as issues 3 and 4 define it (auto = the default dispatch, v4 on sm_90 since session 10; every
-# shape and M; the graph set) and the portable kernel v1 (SECOND=v1, the default; M <= 64 and the
-# graph set), and with E2E=1 the e2e decode step at batch 1, two sides (three sides at batches 1
+# shape and M; the graph set) and the portable kernel v1 (SECOND=v1, the default; the M list
+# SECOND_M, default 1,16,32,64, and the graph set), and with E2E=1 the e2e decode step at batch 1, two sides (three sides at batches 1
 # and 8 spend ~4 min in torch.compile alone). BENCH=0 skips the tests and benchmarks (E2E alone). Results under $OUT, extras in $OUT/extra.tgz (the device
 # tool returns at most 8 files). Session 8's run 5 ran it as device_s8_final.sh, with an 8-warp
 # diagnostic step since dropped.
@@ -19,7 +19,7 @@ B=benchmarks/bench_gemm.py
 timeout 200 python3 $B --kernels auto --shapes llama8b,32b --m 1,2,4,8,16,32,64,128 --graph-set llama8b \
   --json "$OUT/gemm_h200.json" >> "$OUT/log.txt" 2>&1
 SECOND=${SECOND:-v1}
-timeout 150 python3 $B --kernels "$SECOND" --shapes llama8b,32b --m 1,16,32,64 --graph-set llama8b \
+timeout 150 python3 $B --kernels "$SECOND" --shapes llama8b,32b --m "${SECOND_M:-1,16,32,64}" --graph-set llama8b \
   --json "$OUT/gemm_h200_$SECOND.json" >> "$OUT/log.txt" 2>&1
 grep -E "M=1:|M=16:|graph set" "$OUT/log.txt"
 fi
