@@ -134,11 +134,7 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
 #endif
   __shared__ __align__(8) uint64_t full_bar[STAGES];
   const uint32_t bar0 = smem_u32(&full_bar[0]);
-  if (bulk && tid == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
-    mbar_fence_init();
-  }
+  if (bulk && tid == 0) init_ring_barriers<STAGES>(bar0);
 
   auto load_stage = [&](int slot, int i) {
     const uint32_t dst = sbase + slot * kStage;
@@ -187,21 +183,16 @@ __global__ void __launch_bounds__(256 / MTW, MinBlocks<NCH, MTW>::value) gemm_w1
   if (!(p.flags & kReduceKernel)) load_row_data<MTW>(rd, nbase, g, p);
 
   const uint32_t k38 = opaque_k38(static_cast<uint32_t>(p.M) >> 30);  // p.M <= 64
-  // Ring slots as running indices: i % STAGES cost a multiply-shift sequence per step.
-  int rd_slot = 0, wr_slot = STAGES - 1;
-  uint32_t rd_phase = 0;  // parity of the mbarrier phase slot rd_slot completes next (bulk copies)
+  RingSlots<STAGES> ring;
   for (int i = 0; i < nrec; ++i) {
     cp_async_wait<STAGES - 2>();
     // Everyone has finished step i-1, so its slot (the one refilled next) is free; the mbarrier
     // inits (first step) are visible to every thread.
     __syncthreads();
-    if (i + STAGES - 1 < nrec) load_stage(wr_slot, i + STAGES - 1);
+    const int wslot = ring.take_write();
+    if (i + STAGES - 1 < nrec) load_stage(wslot, i + STAGES - 1);
     cp_async_commit();
-    wr_slot = wr_slot == STAGES - 1 ? 0 : wr_slot + 1;
-    const int slot = rd_slot;
-    if (bulk) mbar_wait(bar0 + 8 * slot, rd_phase);
-    rd_phase ^= rd_slot == STAGES - 1 ? 1u : 0u;
-    rd_slot = rd_slot == STAGES - 1 ? 0 : rd_slot + 1;
+    const int slot = ring.take_read(bulk, bar0);
 
     if (p.flags & 1) continue;  // diagnostic: stream only
     const uint8_t* st = smem + slot * kStage;

@@ -15,8 +15,9 @@
 // the launcher takes it where its grid still fills the SMs (gemm_launch).
 //
 // Bits: each accumulator takes the same mma.sync instructions as in v1's kernel (k-steps 0, 1, 2,
-// 3 of every record, records in order), and the partials are parked in v1's 4-warp fragment map
-// for its reduce kernel, or stored through v1's epilogue: the same bits as v1 for every output.
+// 3 of every record, records in order); split grids park the partials in v1's 4-warp fragment map
+// for its reduce kernel, unsplit ones run an epilogue with v1's operations per output in its
+// order: the same bits as v1 for every output.
 // Runs on sm_90+ only where the reduce kernel sums the slices (or the weight is unsplit); the
 // launcher (gemm_w12_mma_sm120.cu) says when.
 #include <cuda_bf16.h>
@@ -56,7 +57,8 @@ __global__ void __launch_bounds__(64 * kRT, 2) gemm_w12_r64_kernel(const KParams
   if (p.flags & kPdl) pdl_wait();
   if (p.flags & kReduceKernel) pdl_launch_dependents();
   if (p.S == 1 && live && lane < 8) {
-    // The epilogue's row data (read after the loop) into L2 now: lane l's line holds row 8 l.
+    // The epilogue's row data (read after the loop) into L2 now: lanes 0-7 touch rows 8 apart,
+    // so every line of the warp's 64 rows in each array.
     const int n = min(rowtile * 128 + half * 64 + lane * 8, p.N - 1);
     prefetch_l2(p.base + n);
     prefetch_l2(p.esc_ptr + n);
@@ -83,11 +85,7 @@ __global__ void __launch_bounds__(64 * kRT, 2) gemm_w12_r64_kernel(const KParams
 #endif
   __shared__ __align__(8) uint64_t full_bar[STAGES];
   const uint32_t bar0 = smem_u32(&full_bar[0]);
-  if (bulk && tid == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
-    mbar_fence_init();
-  }
+  if (bulk && tid == 0) init_ring_barriers<STAGES>(bar0);
 
   auto load_stage = [&](int slot, int i) {
     const uint32_t dst = sbase + slot * kStage;
@@ -133,18 +131,14 @@ __global__ void __launch_bounds__(64 * kRT, 2) gemm_w12_r64_kernel(const KParams
   }
 
   const uint32_t k38 = opaque_k38(static_cast<uint32_t>(p.M) >> 30);
-  int rd_slot = 0, wr_slot = STAGES - 1;
-  uint32_t rd_phase = 0;
+  RingSlots<STAGES> ring;
   for (int i = 0; i < nrec; ++i) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // step i-1 is done everywhere: its slot may be refilled
-    if (i + STAGES - 1 < nrec) load_stage(wr_slot, i + STAGES - 1);
+    const int wslot = ring.take_write();
+    if (i + STAGES - 1 < nrec) load_stage(wslot, i + STAGES - 1);
     cp_async_commit();
-    wr_slot = wr_slot == STAGES - 1 ? 0 : wr_slot + 1;
-    const int slot = rd_slot;
-    if (bulk) mbar_wait(bar0 + 8 * slot, rd_phase);
-    rd_phase ^= rd_slot == STAGES - 1 ? 1u : 0u;
-    rd_slot = rd_slot == STAGES - 1 ? 0 : rd_slot + 1;
+    const int slot = ring.take_read(bulk, bar0);
     if (!live) continue;
 
     const uint8_t* st = smem + slot * kStage;

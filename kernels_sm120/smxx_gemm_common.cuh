@@ -1,5 +1,6 @@
-// Pieces shared by the persistent W12 GEMM kernels (v2 stream-K, v3 row slabs): the exact escape
-// correction of the epilogue and the cached device properties their launchers size grids from.
+// Pieces shared by the W12 GEMM kernels: the exact escape correction of the epilogue (and the
+// per-row pass of the shared-memory epilogues) and the cached device properties their launchers
+// size grids from.
 // Torch-free, header-only.
 #pragma once
 

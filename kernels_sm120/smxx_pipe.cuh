@@ -108,6 +108,38 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Slot bookkeeping of a STAGES-deep copy ring refilled and read in order (v1's and R64's loops):
+// running indices, since i % STAGES cost a multiply-shift sequence per step, and the parity of the
+// mbarrier phase the read slot completes next (records by bulk copy, one barrier per slot at
+// bar0 + 8 slot, each initialised for one arrival by init_ring_barriers).
+template <int STAGES>
+struct RingSlots {
+  int rd = 0, wr = STAGES - 1;
+  uint32_t rd_phase = 0;
+  // The slot the next refill writes (the ring starts with STAGES - 1 slots filled); moves on.
+  __device__ __forceinline__ int take_write() {
+    const int s = wr;
+    wr = wr == STAGES - 1 ? 0 : wr + 1;
+    return s;
+  }
+  // The slot this step reads, after waiting for its records' barrier where `bulk`; moves on.
+  __device__ __forceinline__ int take_read(bool bulk, uint32_t bar0) {
+    const int s = rd;
+    if (bulk) mbar_wait(bar0 + 8 * s, rd_phase);
+    rd_phase ^= s == STAGES - 1 ? 1u : 0u;
+    rd = s == STAGES - 1 ? 0 : s + 1;
+    return s;
+  }
+};
+
+// One thread's part of a bulk-copy ring's set-up: STAGES barriers of one arrival each at bar0.
+template <int STAGES>
+__device__ __forceinline__ void init_ring_barriers(uint32_t bar0) {
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + 8 * s, 1);
+  mbar_fence_init();
+}
+
 // One cache line into L2 (no register, no completion to wait for).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
