@@ -39,6 +39,7 @@ constexpr int kStages = 3;  // 96 KB of ring: two CTAs per SM
 
 template <int NCH>
 __global__ void __launch_bounds__(64 * kRT, 2) gemm_w12_r64_kernel(const KParams p) {
+#if __CUDA_ARCH__ >= 900  // records by bulk copy (sm_90+); the launcher runs R64 nowhere else
   constexpr int RT = kRT, STAGES = kStages, kT = 64 * RT;
   constexpr int kStage = RT * kRecordBytes + NCH * 1024;
   static_assert(STAGES * kStage >= RT * 128 * (8 * NCH + 1) * 4, "the unsplit epilogue reuses the ring");
@@ -78,34 +79,21 @@ __global__ void __launch_bounds__(64 * kRT, 2) gemm_w12_r64_kernel(const KParams
   const int xoff0 = xr0 * (int)p.ldx + xch * 8;
   const uint32_t xdst0 = RT * kRecordBytes + xr0 * 128 + ((xch ^ (xr0 & 7)) << 4);
 
-#if __CUDA_ARCH__ >= 900
-  constexpr bool bulk = true;  // records by bulk copy on the slot's mbarrier, as v1's above 16 tokens
-#else
-  constexpr bool bulk = false;
-#endif
   __shared__ __align__(8) uint64_t full_bar[STAGES];
   const uint32_t bar0 = smem_u32(&full_bar[0]);
-  if (bulk && tid == 0) init_ring_barriers<STAGES>(bar0);
+  if (tid == 0) init_ring_barriers<STAGES>(bar0);
 
+  // Records: one bulk copy per row tile, issued by thread 0, completing on the slot's mbarrier (as
+  // v1's above 16 tokens); the activation tile by per-thread cp.async.
   auto load_stage = [&](int slot, int i) {
     const uint32_t dst = sbase + slot * kStage;
-    if (bulk) {
-#if __CUDA_ARCH__ >= 900
-      if (tid == 0) {
-        mbar_arrive_expect_tx(bar0 + 8 * slot, nrt * kRecordBytes);
+    if (tid == 0) {
+      mbar_arrive_expect_tx(bar0 + 8 * slot, nrt * kRecordBytes);
 #pragma unroll
-        for (int r = 0; r < RT; ++r)
-          if (r < nrt)
-            bulk_copy_g2s(dst + r * kRecordBytes, rec0 + ((size_t)r * p.KT + i) * kRecordBytes, kRecordBytes,
+      for (int r = 0; r < RT; ++r)
+        if (r < nrt)
+          bulk_copy_g2s(dst + r * kRecordBytes, rec0 + ((size_t)r * p.KT + i) * kRecordBytes, kRecordBytes,
                         bar0 + 8 * slot);
-      }
-#endif
-    } else if (live) {
-      const uint8_t* src = rec0 + ((size_t)rtl * p.KT + i) * kRecordBytes;
-#pragma unroll
-      for (int q = 0; q < 8; ++q) cp_async16(dst + hi_off + q * 512, src + half * 4096 + lane * 16 + q * 512);
-#pragma unroll
-      for (int q = 0; q < 8; ++q) cp_async8(dst + lo_off + q * 256, src + 8192 + half * 2048 + lane * 8 + q * 256);
     }
     const uint16_t* xs = p.x + (int64_t)(kt0 + i) * 64;
 #pragma unroll
@@ -138,7 +126,7 @@ __global__ void __launch_bounds__(64 * kRT, 2) gemm_w12_r64_kernel(const KParams
     const int wslot = ring.take_write();
     if (i + STAGES - 1 < nrec) load_stage(wslot, i + STAGES - 1);
     cp_async_commit();
-    const int slot = ring.take_read(bulk, bar0);
+    const int slot = ring.take_read(true, bar0);
     if (!live) continue;
 
     const uint8_t* st = smem + slot * kStage;
@@ -204,6 +192,7 @@ __global__ void __launch_bounds__(64 * kRT, 2) gemm_w12_r64_kernel(const KParams
 #pragma unroll 1
   for (int r = tid; r < RT * 128; r += kT)
     if (tile0 * 128 + r < p.N) epilogue_row_smem(Y + r * TP, tile0 * 128 + r, 0, p.M, p);
+#endif
 }
 
 }  // namespace

@@ -30,7 +30,8 @@ Settings (environment, read on each call):
       it.)
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); v1: 1 and 2 skip work and give wrong results on purpose,
-      262144 never caps unsplit multi-wave grids at 49-64 tokens to two CTAs per SM; v4: 1
+      262144 never caps unsplit multi-wave grids at 49-64 tokens to two CTAs per SM, 64 / 128
+      the R64 kernel at 33-64 tokens nowhere / wherever it can run (same bits); v4: 1
       and 65536 (no reduce kernel) do, 2 is the unsplit grids' per-output epilogue, 256 / 1024
       the deep loop everywhere up to 16 tokens / nowhere, 512 / 128 the pair grid on every split
       grid up to 64 tokens / nowhere, 4096 one ring instead of the split ring at 65-128 tokens,
