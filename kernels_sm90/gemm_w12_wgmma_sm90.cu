@@ -146,23 +146,43 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
   }
 }
 
-// Shared-memory bytes store_rows_smem needs: the CTA's rows x (tokens + 1) FP32 values.
-constexpr int epilogue_smem_bytes(int nch, int rt) { return 128 * rt * (8 * nch + 1) * 4; }
+// The escape lists of store_rows_smem, after the rows' sums: per row with listed escapes {row, first
+// listed escape, count, slot}, then the listed escapes {column, value}.
+struct EscRow {
+  int rl, first, count;
+  float slot;
+};
+constexpr int kEscListed = 512;  // escapes listed per CTA (the rest: each row's own threads)
+// Shared-memory bytes store_rows_smem needs: the CTA's rows x (tokens + 1) FP32 values, the lists.
+constexpr int epilogue_smem_bytes(int nch, int rt) {
+  return 128 * rt * (8 * nch + 1) * 4 + 128 * rt * (int)sizeof(EscRow) + kEscListed * 8 + 16;
+}
 
 // The epilogue of unsplit grids at 64 and 128 tokens (store_rows spills there): the accumulators
-// go to shared memory (the ring is free once every warp is past the main loop), then each thread
-// takes one row (or half of one row's tokens) and applies its scale and escapes to all its tokens
-// in shared memory, loading the row's data and each escape's column and value once, then adds the
-// bias and stores; consecutive lanes hold consecutive rows, so the BF16 stores of one token are
-// contiguous. Rows are padded to T + 1 floats so that those lanes read different banks. The same
-// operations per output in the same order as fix_escapes, so the same bits. Must be reached by
-// every thread of the CTA (two barriers). row0: the CTA's first row.
+// go to shared memory (the ring is free once every warp is past the main loop); each thread takes
+// one row (or half of one row's tokens), scales its sums and lists the row's escapes; then the
+// whole CTA applies the listed escapes, one (row, token) per thread at a time, the activations of
+// kEscBatch of them loaded at once; then each thread adds its row's bias and stores. Consecutive
+// lanes hold consecutive rows, so the BF16 stores of one token are contiguous; rows are padded to
+// T + 1 floats so that those lanes read different banks.
+// Why the escapes go to the whole CTA (session 24, docs/perf-notes.md): each needs x[m][col] of every
+// token, one L2 sector each; walked by the row's own thread, four loads per round trip, the CTA
+// waited for its rows with the most escapes, and skipping escapes altogether (a wrong-output probe)
+// took gate_up from 81 to 62.6 us and lm_head from 338 to 279 at 128 tokens.
+// Per output the same operations in the same order as fix_escapes (scale, each escape in list
+// order, bias), so the same bits. Must be reached by every thread of the CTA (four barriers).
+// row0: the CTA's first row.
+constexpr int kEscBatch = 8;
+template <int NCH, int WG>
+__device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
+                                           const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
+                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy);
 template <int NCH, int MTW, int WG>
 __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], uint8_t* smem, int row0,
                                                 const WParams& p) {
-  constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, NTH = 128 * WG, TP = T + 1;
-  constexpr int PER_ROW = NTH / R;  // threads per row: 1 (WG = 1) or 2
+  constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, TP = T + 1;
   float* Y = reinterpret_cast<float*>(smem);
+  int* nrows = reinterpret_cast<int*>(smem + R * TP * 4 + R * sizeof(EscRow) + kEscListed * 8);
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int quarter = (tid >> 5) & 3, mt0 = WG == 1 ? 0 : (tid >> 7) & 1, rtl = WG == 4 ? tid >> 8 : 0;
   __syncthreads();  // every warp is past the main loop (its wgmma retired, its copies landed)
@@ -175,11 +195,116 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
         const int rl = rtl * 128 + quarter * 32 + 16 * (mt0 + mt) + g + 8 * (i >> 1);
         Y[rl * TP + 8 * j + 2 * t + (i & 1)] = a[mt][4 * j + i];
       }
+  if (tid == 0) *nrows = 0;
+  rows_epilogue<NCH, WG>(smem, row0, p.M, p.N, p.x, p.ldx, p.base, p.esc_ptr, p.esc_col, p.esc_val, p.bias, p.y,
+                         p.ldy);
+}
+
+// store_rows_smem's part after the rows' sums are in shared memory. Not inlined, so that its
+// registers do not change the main loop's allocation (inlined, the 64-token loop grew from 148 to
+// 172 instructions).
+template <int NCH, int WG>
+__device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
+                                           const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
+                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy) {
+  // (The operands come one by one: a WParams reference would copy the kernel's parameters to the
+  // stack.)
+  struct {
+    int M, N;
+    const uint16_t* x;
+    int64_t ldx;
+    const uint8_t* base;
+    const int32_t *esc_ptr, *esc_col;
+    const int16_t* esc_val;
+    const float* bias;
+    uint16_t* y;
+    int64_t ldy;
+  } const p{M, N, x, ldx, base, esc_ptr, esc_col, esc_val, bias, y, ldy};
+  constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, NTH = 128 * WG, TP = T + 1;
+  constexpr int PER_ROW = NTH / R;  // threads per row: 1 (WG = 1) or 2
+  float* Y = reinterpret_cast<float*>(smem);
+  EscRow* erows = reinterpret_cast<EscRow*>(smem + R * TP * 4);
+  uint2* escs = reinterpret_cast<uint2*>(erows + R);
+  int* nrows = reinterpret_cast<int*>(escs + kEscListed);
+  const int tid = threadIdx.x;
   __syncthreads();
+  // Each thread: its row's data, the scale of its tokens; the row's first thread lists the row and
+  // its escapes if they are among the CTA's first kEscListed (escape e at e - the CTA's first, so
+  // both threads of a row know whether it is listed).
   const int rl = tid % R, n = row0 + rl;
   const int mlo = (tid / R) * (T / PER_ROW), mhi = min(mlo + T / PER_ROW, p.M);
-  if (n >= p.N || mlo >= mhi) return;
-  epilogue_row_smem(Y + rl * TP, n, mlo, mhi, p);
+  const bool mine = n < p.N && mlo < mhi;
+  const int cta_e0 = __ldg(p.esc_ptr + row0);
+  float sc = 0.f, b = 0.f;
+  int e0 = 0, e1 = 0;
+  if (mine) {
+    sc = row_scale(__ldg(p.base + n));
+    e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
+    b = p.bias ? __ldg(p.bias + n) : 0.f;
+    float* yr = Y + rl * TP;
+#pragma unroll 4
+    for (int m = mlo; m < mhi; ++m) yr[m] = yr[m] * sc;
+    if (mlo == 0 && e0 < e1 && e1 - cta_e0 <= kEscListed) {
+      for (int e = e0; e < e1; ++e)
+        escs[e - cta_e0] = make_uint2(static_cast<uint32_t>(__ldg(p.esc_col + e)),
+                                      __float_as_uint(bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)))));
+      erows[atomicAdd(nrows, 1)] = EscRow{rl, e0 - cta_e0, e1 - e0, sc * 0x1p-15f};
+    }
+  }
+  __syncthreads();
+  // The listed escapes: unit u = (listed row u / M, token u % M), consecutive units in consecutive
+  // lanes; each unit's escapes in list order, its first escape's activation loaded kEscBatch units
+  // ahead of the adds.
+  const int units = *nrows * M;
+  for (int u0 = tid; u0 < units; u0 += NTH * kEscBatch) {
+    float xv[kEscBatch];
+#pragma unroll
+    for (int k = 0; k < kEscBatch; ++k) {
+      const int u = min(u0 + k * NTH, units - 1), r = u / M, m = u - r * M;
+      xv[k] = bf16_bits_to_float(__ldg(p.x + (int64_t)m * p.ldx + escs[erows[r].first].x));
+    }
+#pragma unroll
+    for (int k = 0; k < kEscBatch; ++k) {
+      const int u = u0 + k * NTH;
+      if (u < units) {
+        const int r = u / M, m = u - r * M;
+        const EscRow er = erows[r];
+        float* y = Y + er.rl * TP + m;
+        float v = *y;
+        for (int c = 0; c < er.count; ++c) {
+          const uint2 es = escs[er.first + c];
+          const float x = c == 0 ? xv[k] : bf16_bits_to_float(__ldg(p.x + (int64_t)m * p.ldx + es.x));
+          v = __fadd_rn(v, __fmul_rn(__uint_as_float(es.y), x));
+          v = __fsub_rn(v, __fmul_rn(er.slot, x));
+        }
+        *y = v;
+      }
+    }
+  }
+  __syncthreads();
+  if (!mine) return;
+  float* yr = Y + rl * TP;
+  if (e0 < e1 && e1 - cta_e0 > kEscListed) {
+    // Not listed: this thread's tokens, as before session 24.
+    const float slot = sc * 0x1p-15f;
+    for (int e = e0; e < e1; ++e) {
+      const int col = __ldg(p.esc_col + e);
+      const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+#pragma unroll 4
+      for (int m = mlo; m < mhi; ++m) {
+        const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
+        float y = yr[m];
+        y = __fadd_rn(y, __fmul_rn(wv, xv));
+        yr[m] = __fsub_rn(y, __fmul_rn(slot, xv));
+      }
+    }
+  }
+#pragma unroll 4
+  for (int m = mlo; m < mhi; ++m) {
+    float y = yr[m];
+    if (p.bias) y = __fadd_rn(y, b);
+    p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+  }
 }
 
 // WG = warpgroups per CTA. WG = 1: each warp decodes both m-tiles of its 32-row quarter and the

@@ -751,6 +751,48 @@ def test_v4_row_pairs_match_smaller_m(monkeypatch):
         assert torch.equal(w12.linear(x[:m].clone(), w).view(torch.int16), bits[:m]), f"one ring, M={m}"
 
 
+def _escape_weight(n, k, per_row, gen):
+    """N(0, 0.02) BF16 weight with about `per_row` escapes per row (zeros and values far below the
+    row's window, at random columns) and a fixed set: columns 0, 63, 64, 127 and k - 1, one column
+    shared by consecutive rows, one row with many escapes, escapes in the last row."""
+    w = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
+    cnt = int(per_row * n)
+    rows, cols = torch.randint(0, n, (cnt,), generator=gen), torch.randint(0, k, (cnt,), generator=gen)
+    w[rows[0::2], cols[0::2]] = 0.0
+    w[rows[1::2], cols[1::2]] = (w[rows[1::2], cols[1::2]].float() * 2.0**-40).to(torch.bfloat16)
+    for r, c in [(0, 0), (0, 63), (0, 64), (1, 127), (1, k - 1), (2, 5), (3, 5), (4, 5), (130, 64), (n - 1, k - 1)]:
+        w[r, c] = 0.0
+    w[5, :40:3] = 0.0
+    return w
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("per_row", [0.25, 3.0])
+@pytest.mark.parametrize("m", [33, 64, 100, 128])
+def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
+    # Unsplit grids at 33-128 tokens end in the shared-memory epilogue, where the whole CTA applies
+    # the escapes of its rows listed in shared memory (the CTA's first 512), one (row, token) per
+    # thread, and each row's own threads apply the rest. 0.25 escapes per row lists all of them;
+    # 3 per row (~770 per 256-row CTA at 100-128 tokens) leaves rows unlisted. An odd tile count, the last tile 40
+    # rows (row-tile pairs at 100-128 tokens, the last pair half empty). Same bits as the rows at 16
+    # tokens (the register epilogue), and close to the FP64 reference.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k = 128 * (2 * sms + 2) + 40, 1280
+    assert cuda_ops.splits(n, k, DEV, 4) == 1, "the shape must be unsplit"
+    gen = torch.Generator().manual_seed(240 + m)
+    wt = _escape_weight(n, k, per_row, gen)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    bias = torch.randn(n, generator=gen).to(DEV)
+    y = w12.linear(x, w)
+    _assert_close(y, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+    assert torch.equal(w12.linear(x[:16].clone(), w).view(torch.int16), y[:16].view(torch.int16)), "rows at 16 tokens"
+    yb = w12.linear(x, w, bias)
+    assert torch.equal(w12.linear(x[-16:].clone(), w, bias).view(torch.int16), yb[-16:].view(torch.int16)), "bias"
+
+
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("m", [1, 8, 17, 64])
 def test_v4_reads_layout3_and_permutes_others(m, monkeypatch):
