@@ -29,17 +29,11 @@ __device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e
   return v;
 }
 
-// The per-row half of the shared-memory epilogues (v4's store_rows_smem, v1's R64 kernel): row n's
-// FP32 sums for tokens mlo..mhi-1 at yr[mlo..]: scale, escapes (fix_escapes' operations in its
-// order, each escape's column and value loaded once for all tokens), bias, BF16 stores. The
-// caller puts consecutive rows in consecutive lanes, so one token's stores are contiguous.
+// Escapes e0..e1-1 of one row for tokens mlo..mhi-1 of its FP32 sums at yr[mlo..] (already
+// scaled): fix_escapes' operations in its order, each escape's column and value loaded once for
+// all tokens. slot: the row's scale x 2^-15.
 template <typename P>
-__device__ __forceinline__ void epilogue_row_smem(float* yr, int n, int mlo, int mhi, const P& p) {
-  const float sc = row_scale(__ldg(p.base + n)), slot = sc * 0x1p-15f;
-  const int e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
-  const float b = p.bias ? __ldg(p.bias + n) : 0.f;
-#pragma unroll 4
-  for (int m = mlo; m < mhi; ++m) yr[m] = yr[m] * sc;
+__device__ __forceinline__ void escapes_row_smem(float* yr, int mlo, int mhi, int e0, int e1, float slot, const P& p) {
   for (int e = e0; e < e1; ++e) {
     const int col = __ldg(p.esc_col + e);
     const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
@@ -51,12 +45,31 @@ __device__ __forceinline__ void epilogue_row_smem(float* yr, int n, int mlo, int
       yr[m] = __fsub_rn(y, __fmul_rn(slot, xv));
     }
   }
+}
+
+// Row n's bias b (when p has one) and BF16 stores for tokens mlo..mhi-1 of its sums at yr[mlo..].
+template <typename P>
+__device__ __forceinline__ void store_row_smem(const float* yr, int n, int mlo, int mhi, float b, const P& p) {
 #pragma unroll 4
   for (int m = mlo; m < mhi; ++m) {
     float y = yr[m];
     if (p.bias) y = __fadd_rn(y, b);
     p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
   }
+}
+
+// The per-row half of the shared-memory epilogues (v1's R64 kernel; v4's before session 24): row
+// n's FP32 sums for tokens mlo..mhi-1 at yr[mlo..]: scale, escapes, bias, BF16 stores. The caller
+// puts consecutive rows in consecutive lanes, so one token's stores are contiguous.
+template <typename P>
+__device__ __forceinline__ void epilogue_row_smem(float* yr, int n, int mlo, int mhi, const P& p) {
+  const float sc = row_scale(__ldg(p.base + n)), slot = sc * 0x1p-15f;
+  const int e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
+  const float b = p.bias ? __ldg(p.bias + n) : 0.f;
+#pragma unroll 4
+  for (int m = mlo; m < mhi; ++m) yr[m] = yr[m] * sc;
+  escapes_row_smem(yr, mlo, mhi, e0, e1, slot, p);
+  store_row_smem(yr, n, mlo, mhi, b, p);
 }
 
 // The MMAs of one decoded record share: a[16*MT] A fragments (MT m-tiles of 16 rows, layout 4)

@@ -284,27 +284,9 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   __syncthreads();
   if (!mine) return;
   float* yr = Y + rl * TP;
-  if (e0 < e1 && e1 - cta_e0 > kEscListed) {
-    // Not listed: this thread's tokens, as before session 24.
-    const float slot = sc * 0x1p-15f;
-    for (int e = e0; e < e1; ++e) {
-      const int col = __ldg(p.esc_col + e);
-      const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-#pragma unroll 4
-      for (int m = mlo; m < mhi; ++m) {
-        const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
-        float y = yr[m];
-        y = __fadd_rn(y, __fmul_rn(wv, xv));
-        yr[m] = __fsub_rn(y, __fmul_rn(slot, xv));
-      }
-    }
-  }
-#pragma unroll 4
-  for (int m = mlo; m < mhi; ++m) {
-    float y = yr[m];
-    if (p.bias) y = __fadd_rn(y, b);
-    p.y[(int64_t)m * p.ldy + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
-  }
+  // Not listed: this thread's tokens, as before session 24.
+  if (e0 < e1 && e1 - cta_e0 > kEscListed) escapes_row_smem(yr, mlo, mhi, e0, e1, sc * 0x1p-15f, p);
+  store_row_smem(yr, n, mlo, mhi, b, p);
 }
 
 // WG = warpgroups per CTA. WG = 1: each warp decodes both m-tiles of its 32-row quarter and the
