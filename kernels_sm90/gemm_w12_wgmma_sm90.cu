@@ -13,7 +13,8 @@
 // on unsplit grids at <= 16 tokens (16), whole-K clusters for down-like weights at 1-16 tokens (15,
 // gemm_w12_wholek_sm90.cu), the split ring of row-tile-pair grids at 65-128 tokens (18), the
 // balanced unsplit grid at <= 32 tokens (BAL, 20), bulk-copied records where BAL would run at 1-2
-// tokens (BULK, 22). Its bits differ from v1's (about 2-4e-4 of the
+// tokens (BULK, 22). The unsplit grids' shared-memory epilogue at 33-128 tokens applies the escapes
+// with the whole CTA (24, store_rows_smem). Its bits differ from v1's (about 2-4e-4 of the
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every M
 // or for none.
 //
