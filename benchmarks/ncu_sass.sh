@@ -7,6 +7,10 @@
 # they are (--clock-control none). Session 24 (docs/perf-notes.md) found v4's escape pass with it.
 set -o pipefail
 cd "$(dirname "$0")/.."
+if [ $# -lt 3 ]; then
+  echo "usage: $0 N K M [kernel] [diag] [out-prefix]   (N, K: the weight's shape; M: tokens)" >&2
+  exit 2
+fi
 N=$1 K=$2 M=$3 KERN=${4:-auto} DIAG=${5:-0} PREFIX=${6:-ncu_sass_${N}x${K}_m${M}}
 NCU=${NCU:-/usr/local/cuda/bin/ncu}
 metrics="launch__shared_mem_config_size,launch__occupancy_limit_shared_mem,launch__shared_mem_per_block_dynamic,launch__registers_per_thread,gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__cycles_active.avg,smsp__inst_executed.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__warps_active.avg.per_cycle_active"

@@ -58,8 +58,10 @@ def read_rows(path: str) -> tuple[str, list[dict]]:
         text = f.read()
     lines = text.splitlines()
     # ncu prints the kernel name on a line of its own, then the header.
-    start = next(i for i, ln in enumerate(lines) if ln.startswith('"Address"'))
-    name = lines[start - 1].strip().strip(",").strip('"') if start else ""
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"Address"')), None)
+    if start is None:
+        raise ValueError(f'{path}: no source-page header ("Address", ...): not ncu\'s --page source --csv output')
+    name = [c for c in next(csv.reader([lines[start - 1]])) if c][-1] if start else ""
     rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
     return name, rows
 
@@ -121,7 +123,11 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=25, help="instructions to list (most samples first)")
     p.add_argument("--json", help="also write the summary here")
     a = p.parse_args(argv)
-    name, rows = read_rows(a.csv)
+    try:
+        name, rows = read_rows(a.csv)
+    except (OSError, ValueError) as e:
+        print(f"ncu_sass_stalls: {e}", file=sys.stderr)
+        return 2
     if not rows or "Warp Stall Sampling (All Samples)" not in rows[0]:
         print(
             f"{a.csv}: no warp-stall sampling columns (take the report with --section SourceCounters)", file=sys.stderr

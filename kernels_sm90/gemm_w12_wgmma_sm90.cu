@@ -154,10 +154,13 @@ struct EscRow {
   float slot;
 };
 constexpr int kEscListed = 512;  // escapes listed per CTA (the rest: each row's own threads)
-// Shared-memory bytes store_rows_smem needs: the CTA's rows x (tokens + 1) FP32 values, the lists.
-constexpr int epilogue_smem_bytes(int nch, int rt) {
-  return 128 * rt * (8 * nch + 1) * 4 + 128 * rt * (int)sizeof(EscRow) + kEscListed * 8 + 16;
+// store_rows_smem's shared memory: the CTA's rows x (tokens + 1) FP32 sums, at esc_rows_offset the
+// listed rows, then the listed escapes, at esc_count_offset the listed rows' count.
+constexpr int esc_rows_offset(int nch, int rt) { return 128 * rt * (8 * nch + 1) * 4; }
+constexpr int esc_count_offset(int nch, int rt) {
+  return esc_rows_offset(nch, rt) + 128 * rt * (int)sizeof(EscRow) + kEscListed * 8;
 }
+constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch, rt) + 16; }
 
 // The epilogue of unsplit grids at 64 and 128 tokens (store_rows spills there): the accumulators
 // go to shared memory (the ring is free once every warp is past the main loop); each thread takes
@@ -183,7 +186,7 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
                                                 const WParams& p) {
   constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, TP = T + 1;
   float* Y = reinterpret_cast<float*>(smem);
-  int* nrows = reinterpret_cast<int*>(smem + R * TP * 4 + R * sizeof(EscRow) + kEscListed * 8);
+  int* nrows = reinterpret_cast<int*>(smem + esc_count_offset(NCH, RT));
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int quarter = (tid >> 5) & 3, mt0 = WG == 1 ? 0 : (tid >> 7) & 1, rtl = WG == 4 ? tid >> 8 : 0;
   __syncthreads();  // every warp is past the main loop (its wgmma retired, its copies landed)
@@ -224,9 +227,9 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, NTH = 128 * WG, TP = T + 1;
   constexpr int PER_ROW = NTH / R;  // threads per row: 1 (WG = 1) or 2
   float* Y = reinterpret_cast<float*>(smem);
-  EscRow* erows = reinterpret_cast<EscRow*>(smem + R * TP * 4);
+  EscRow* erows = reinterpret_cast<EscRow*>(smem + esc_rows_offset(NCH, RT));
   uint2* escs = reinterpret_cast<uint2*>(erows + R);
-  int* nrows = reinterpret_cast<int*>(escs + kEscListed);
+  int* nrows = reinterpret_cast<int*>(smem + esc_count_offset(NCH, RT));
   const int tid = threadIdx.x;
   __syncthreads();
   // Each thread: its row's data, the scale of its tokens; the row's first thread lists the row and
