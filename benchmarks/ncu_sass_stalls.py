@@ -5,9 +5,13 @@ taken with ``--section WarpStateStats --section SourceCounters`` (benchmarks/ncu
 one), plain or gzipped. Prints the share of warp samples per instruction class (the per-record
 barrier, the copy and mbarrier waits, the wgmma issue and retire, the decode's integer work, the
 epilogue's memory traffic...), then the instructions that hold the most samples with their top
-stall reasons, so that "the warps wait at X for Y" can be read off one launch.
+stall reasons, so that "the warps wait at X for Y" can be read off one launch. The code is also cut
+into segments at each EXIT, RET and CALL (a kernel's body, each non-inlined function), with their
+shares of the samples and of the warp instructions executed; --ranges sums chosen index ranges (the
+phases of one function: the indices are those the top list prints). Session 25 found v4's
+128-token escape pass this way (15 % of gate_up's instructions in one non-inlined function).
 
-Usage: python benchmarks/ncu_sass_stalls.py FILE.csv[.gz] [--top 25] [--json OUT]
+Usage: python benchmarks/ncu_sass_stalls.py FILE.csv[.gz] [--top 25] [--ranges A-B,C-D] [--json OUT]
 """
 
 from __future__ import annotations
@@ -73,6 +77,59 @@ def num(v: str) -> float:
         return 0.0
 
 
+_SAMPLES = "Warp Stall Sampling (All Samples)"
+_EXECUTED = "Instructions Executed"
+_SEGMENT_END = re.compile(r"^(EXIT|RET|CALL)\b")
+
+
+def segments(rows: list[dict]) -> list[dict]:
+    """The code cut after each EXIT, RET and CALL: first and last index, the shares of the samples and
+    of the warp instructions executed, and the instruction that ends it (predicated ones too)."""
+    total = sum(num(r[_SAMPLES]) for r in rows) or 1.0
+    executed = sum(num(r.get(_EXECUTED, "")) for r in rows) or 1.0
+    out, start = [], 0
+    for i, r in enumerate(rows):
+        op = re.sub(r"^@!?U?P[T0-9]+\s+", "", r["Source"].strip())
+        if _SEGMENT_END.match(op) or i == len(rows) - 1:
+            seg = rows[start : i + 1]
+            out.append(
+                {
+                    "first": start,
+                    "last": i,
+                    "share": sum(num(x[_SAMPLES]) for x in seg) / total,
+                    "executed": sum(num(x.get(_EXECUTED, "")) for x in seg) / executed,
+                    "ends": op,
+                }
+            )
+            start = i + 1
+    return out
+
+
+def parse_ranges(text: str) -> list[tuple[int, int]]:
+    """ "A-B,C-D" -> [(A, B), (C, D)], inclusive; ValueError naming the bad item."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        lo, sep, hi = item.partition("-")
+        if not sep or not lo.isdigit() or not hi.isdigit() or int(lo) > int(hi):
+            raise ValueError(f"--ranges: {item!r} is not FIRST-LAST (instruction indices, FIRST <= LAST)")
+        out.append((int(lo), int(hi)))
+    return out
+
+
+def range_shares(rows: list[dict], ranges: list[tuple[int, int]]) -> list[dict]:
+    total = sum(num(r[_SAMPLES]) for r in rows) or 1.0
+    executed = sum(num(r.get(_EXECUTED, "")) for r in rows) or 1.0
+    return [
+        {
+            "first": lo,
+            "last": hi,
+            "share": sum(num(x[_SAMPLES]) for x in rows[lo : hi + 1]) / total,
+            "executed": sum(num(x.get(_EXECUTED, "")) for x in rows[lo : hi + 1]) / executed,
+        }
+        for lo, hi in ranges
+    ]
+
+
 def analyse(rows: list[dict], top: int) -> dict:
     reasons = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
     total = sum(num(r["Warp Stall Sampling (All Samples)"]) for r in rows) or 1.0
@@ -121,8 +178,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", help="ncu source-page CSV (.csv or .csv.gz)")
     p.add_argument("--top", type=int, default=25, help="instructions to list (most samples first)")
+    p.add_argument("--ranges", default="", help="also sum these instruction index ranges, e.g. 11837-11940,11941-12157")
     p.add_argument("--json", help="also write the summary here")
     a = p.parse_args(argv)
+    try:
+        ranges = parse_ranges(a.ranges)
+    except ValueError as e:
+        print(f"ncu_sass_stalls: {e}", file=sys.stderr)
+        return 2
     try:
         name, rows = read_rows(a.csv)
     except (OSError, ValueError) as e:
@@ -135,6 +198,12 @@ def main(argv=None) -> int:
         return 2
     res = analyse(rows, a.top)
     res["kernel"] = name
+    res["segments"] = segments(rows)
+    bad = [f"{lo}-{hi}" for lo, hi in ranges if hi >= len(rows)]
+    if bad:
+        print(f"ncu_sass_stalls: --ranges {','.join(bad)} past the last instruction ({len(rows) - 1})", file=sys.stderr)
+        return 2
+    res["ranges"] = range_shares(rows, ranges)
     print(f"{name[:160]}\n{int(res['samples'])} samples, {len(rows)} instructions")
     print("\nby stall reason (a barrier wait shows on the instruction after BAR):")
     print("  " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in list(res["reasons"].items())[:8]))
@@ -146,6 +215,17 @@ def main(argv=None) -> int:
     for t in res["top"]:
         rs = ", ".join(f"{k} {int(n)}" for k, n in t["reasons"].items())
         print(f"  {100 * t['share']:5.1f} % #{t['index']:<5d} {t['sass'][:60]:60s} <- {t['previous'][:40]:40s} {rs}")
+    print("\nby segment (cut after each EXIT, RET, CALL; >= 0.5 % of the samples or instructions):")
+    for g in res["segments"]:
+        if g["share"] >= 0.005 or g["executed"] >= 0.005:
+            print(
+                f"  #{g['first']:<5d}-#{g['last']:<5d} samples {100 * g['share']:5.1f} %  instructions "
+                f"{100 * g['executed']:5.1f} %  ends {g['ends'][:40]}"
+            )
+    for g in res["ranges"]:
+        print(
+            f"  range #{g['first']}-#{g['last']}: samples {100 * g['share']:5.1f} %  instructions {100 * g['executed']:5.1f} %"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
