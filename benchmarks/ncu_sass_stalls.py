@@ -82,31 +82,33 @@ _EXECUTED = "Instructions Executed"
 _SEGMENT_END = re.compile(r"^(EXIT|RET|CALL)\b")
 
 
-def segments(rows: list[dict]) -> list[dict]:
-    """The code cut after each EXIT, RET and CALL: first and last index, the shares of the samples and
-    of the warp instructions executed, and the instruction that ends it (predicated ones too)."""
+def _span(rows: list[dict], lo: int, hi: int) -> dict:
+    """Instructions lo..hi (inclusive): their shares of all samples and of all warp instructions executed."""
     total = sum(num(r[_SAMPLES]) for r in rows) or 1.0
     executed = sum(num(r.get(_EXECUTED, "")) for r in rows) or 1.0
+    part = rows[lo : hi + 1]
+    return {
+        "first": lo,
+        "last": hi,
+        "share": sum(num(x[_SAMPLES]) for x in part) / total,
+        "executed": sum(num(x.get(_EXECUTED, "")) for x in part) / executed,
+    }
+
+
+def segments(rows: list[dict]) -> list[dict]:
+    """The code cut after each EXIT, RET and CALL (predicated ones too): each piece's span and the
+    instruction that ends it."""
     out, start = [], 0
     for i, r in enumerate(rows):
         op = re.sub(r"^@!?U?P[T0-9]+\s+", "", r["Source"].strip())
         if _SEGMENT_END.match(op) or i == len(rows) - 1:
-            seg = rows[start : i + 1]
-            out.append(
-                {
-                    "first": start,
-                    "last": i,
-                    "share": sum(num(x[_SAMPLES]) for x in seg) / total,
-                    "executed": sum(num(x.get(_EXECUTED, "")) for x in seg) / executed,
-                    "ends": op,
-                }
-            )
+            out.append({**_span(rows, start, i), "ends": op})
             start = i + 1
     return out
 
 
 def parse_ranges(text: str) -> list[tuple[int, int]]:
-    """ "A-B,C-D" -> [(A, B), (C, D)], inclusive; ValueError naming the bad item."""
+    """Parses "A-B,C-D" into [(A, B), (C, D)] (inclusive); ValueError naming the bad item."""
     out = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         lo, sep, hi = item.partition("-")
@@ -114,20 +116,6 @@ def parse_ranges(text: str) -> list[tuple[int, int]]:
             raise ValueError(f"--ranges: {item!r} is not FIRST-LAST (instruction indices, FIRST <= LAST)")
         out.append((int(lo), int(hi)))
     return out
-
-
-def range_shares(rows: list[dict], ranges: list[tuple[int, int]]) -> list[dict]:
-    total = sum(num(r[_SAMPLES]) for r in rows) or 1.0
-    executed = sum(num(r.get(_EXECUTED, "")) for r in rows) or 1.0
-    return [
-        {
-            "first": lo,
-            "last": hi,
-            "share": sum(num(x[_SAMPLES]) for x in rows[lo : hi + 1]) / total,
-            "executed": sum(num(x.get(_EXECUTED, "")) for x in rows[lo : hi + 1]) / executed,
-        }
-        for lo, hi in ranges
-    ]
 
 
 def analyse(rows: list[dict], top: int) -> dict:
@@ -203,7 +191,7 @@ def main(argv=None) -> int:
     if bad:
         print(f"ncu_sass_stalls: --ranges {','.join(bad)} past the last instruction ({len(rows) - 1})", file=sys.stderr)
         return 2
-    res["ranges"] = range_shares(rows, ranges)
+    res["ranges"] = [_span(rows, lo, hi) for lo, hi in ranges]
     print(f"{name[:160]}\n{int(res['samples'])} samples, {len(rows)} instructions")
     print("\nby stall reason (a barrier wait shows on the instruction after BAR):")
     print("  " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in list(res["reasons"].items())[:8]))
