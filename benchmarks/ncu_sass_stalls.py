@@ -82,10 +82,14 @@ _EXECUTED = "Instructions Executed"
 _SEGMENT_END = re.compile(r"^(EXIT|RET|CALL)\b")
 
 
-def _span(rows: list[dict], lo: int, hi: int) -> dict:
+def _totals(rows: list[dict]) -> tuple[float, float]:
+    """All samples and all warp instructions executed (1.0 where none, to divide by)."""
+    return (sum(num(r[_SAMPLES]) for r in rows) or 1.0, sum(num(r.get(_EXECUTED, "")) for r in rows) or 1.0)
+
+
+def _span(rows: list[dict], lo: int, hi: int, totals: tuple[float, float]) -> dict:
     """Instructions lo..hi (inclusive): their shares of all samples and of all warp instructions executed."""
-    total = sum(num(r[_SAMPLES]) for r in rows) or 1.0
-    executed = sum(num(r.get(_EXECUTED, "")) for r in rows) or 1.0
+    total, executed = totals
     part = rows[lo : hi + 1]
     return {
         "first": lo,
@@ -98,11 +102,11 @@ def _span(rows: list[dict], lo: int, hi: int) -> dict:
 def segments(rows: list[dict]) -> list[dict]:
     """The code cut after each EXIT, RET and CALL (predicated ones too): each piece's span and the
     instruction that ends it."""
-    out, start = [], 0
+    out, start, totals = [], 0, _totals(rows)
     for i, r in enumerate(rows):
         op = re.sub(r"^@!?U?P[T0-9]+\s+", "", r["Source"].strip())
         if _SEGMENT_END.match(op) or i == len(rows) - 1:
-            out.append({**_span(rows, start, i), "ends": op})
+            out.append({**_span(rows, start, i, totals), "ends": op})
             start = i + 1
     return out
 
@@ -120,12 +124,12 @@ def parse_ranges(text: str) -> list[tuple[int, int]]:
 
 def analyse(rows: list[dict], top: int) -> dict:
     reasons = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
-    total = sum(num(r["Warp Stall Sampling (All Samples)"]) for r in rows) or 1.0
+    total = sum(num(r[_SAMPLES]) for r in rows) or 1.0
     by_class: dict[str, float] = defaultdict(float)
     class_reasons: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     insts = []
     for i, r in enumerate(rows):
-        s = num(r["Warp Stall Sampling (All Samples)"])
+        s = num(r[_SAMPLES])
         c = classify(r["Source"])
         by_class[c] += s
         rs = {k[6:]: num(r[k]) for k in reasons if num(r[k])}
@@ -179,7 +183,7 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as e:
         print(f"ncu_sass_stalls: {e}", file=sys.stderr)
         return 2
-    if not rows or "Warp Stall Sampling (All Samples)" not in rows[0]:
+    if not rows or _SAMPLES not in rows[0]:
         print(
             f"{a.csv}: no warp-stall sampling columns (take the report with --section SourceCounters)", file=sys.stderr
         )
@@ -191,7 +195,8 @@ def main(argv=None) -> int:
     if bad:
         print(f"ncu_sass_stalls: --ranges {','.join(bad)} past the last instruction ({len(rows) - 1})", file=sys.stderr)
         return 2
-    res["ranges"] = [_span(rows, lo, hi) for lo, hi in ranges]
+    totals = _totals(rows)
+    res["ranges"] = [_span(rows, lo, hi, totals) for lo, hi in ranges]
     print(f"{name[:160]}\n{int(res['samples'])} samples, {len(rows)} instructions")
     print("\nby stall reason (a barrier wait shows on the instruction after BAR):")
     print("  " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in list(res["reasons"].items())[:8]))
