@@ -165,8 +165,8 @@ constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch
 // The epilogue of unsplit grids at 64 and 128 tokens (store_rows spills there): the accumulators
 // go to shared memory (the ring is free once every warp is past the main loop); each thread takes
 // one row (or half of one row's tokens), scales its sums and lists the row's escapes; then the
-// whole CTA applies the listed escapes, one (row, token) per thread at a time, the activations of
-// kEscBatch of them loaded at once; then each thread adds its row's bias and stores. Consecutive
+// whole CTA applies the listed escapes, a row per warp and its tokens across the lanes; then each
+// thread adds its row's bias and stores. Consecutive
 // lanes hold consecutive rows, so the BF16 stores of one token are contiguous; rows are padded to
 // T + 1 floats so that those lanes read different banks.
 // Why the escapes go to the whole CTA (session 24, docs/perf-notes.md): each needs x[m][col] of every
@@ -176,7 +176,6 @@ constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch
 // Per output the same operations in the same order as fix_escapes (scale, each escape in list
 // order, bias), so the same bits. Must be reached by every thread of the CTA (four barriers).
 // row0: the CTA's first row.
-constexpr int kEscBatch = 8;
 template <int NCH, int WG>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
@@ -256,34 +255,47 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
     }
   }
   __syncthreads();
-  // The listed escapes: unit u = (listed row u / M, token u % M), consecutive units in consecutive
-  // lanes; each unit's escapes in list order, its first escape's activation loaded kEscBatch units
-  // ahead of the adds.
-  const int units = *nrows * M;
-  for (int u0 = tid; u0 < units; u0 += NTH * kEscBatch) {
-    float xv[kEscBatch];
+  // The listed escapes: warp w takes listed rows w, w + NW, ..., two at a time; lane l takes the
+  // row's tokens l, l + 32, ... (< M), each token's escapes in list order; both rows' first
+  // activations are loaded before any add. (Session 25: one (row, token) unit per thread cost two
+  // runtime divisions per unit and a branch per escape, 15 % of gate_up's instructions at 128
+  // tokens.)
+  constexpr int NW = NTH / 32, TPL = T / 32;
+  const int nr = *nrows, warp = tid >> 5, lane = tid & 31;
+  auto xat = [&](uint32_t col, int m) { return bf16_bits_to_float(__ldg(p.x + (int64_t)m * p.ldx + col)); };
+  auto apply = [&](const EscRow& er, const float (&x0)[TPL]) {
+    float* yr = Y + er.rl * TP;
+    float v[TPL];
 #pragma unroll
-    for (int k = 0; k < kEscBatch; ++k) {
-      const int u = min(u0 + k * NTH, units - 1), r = u / M, m = u - r * M;
-      xv[k] = bf16_bits_to_float(__ldg(p.x + (int64_t)m * p.ldx + escs[erows[r].first].x));
-    }
+    for (int j = 0; j < TPL; ++j) v[j] = yr[min(lane + 32 * j, M - 1)];
+    for (int c = 0; c < er.count; ++c) {
+      const uint2 es = escs[er.first + c];
+      float xv[TPL];
 #pragma unroll
-    for (int k = 0; k < kEscBatch; ++k) {
-      const int u = u0 + k * NTH;
-      if (u < units) {
-        const int r = u / M, m = u - r * M;
-        const EscRow er = erows[r];
-        float* y = Y + er.rl * TP + m;
-        float v = *y;
-        for (int c = 0; c < er.count; ++c) {
-          const uint2 es = escs[er.first + c];
-          const float x = c == 0 ? xv[k] : bf16_bits_to_float(__ldg(p.x + (int64_t)m * p.ldx + es.x));
-          v = __fadd_rn(v, __fmul_rn(__uint_as_float(es.y), x));
-          v = __fsub_rn(v, __fmul_rn(er.slot, x));
-        }
-        *y = v;
+      for (int j = 0; j < TPL; ++j) xv[j] = c == 0 ? x0[j] : xat(es.x, min(lane + 32 * j, M - 1));
+#pragma unroll
+      for (int j = 0; j < TPL; ++j) {
+        v[j] = __fadd_rn(v[j], __fmul_rn(__uint_as_float(es.y), xv[j]));
+        v[j] = __fsub_rn(v[j], __fmul_rn(er.slot, xv[j]));
       }
     }
+#pragma unroll
+    for (int j = 0; j < TPL; ++j)
+      if (lane + 32 * j < M) yr[lane + 32 * j] = v[j];
+  };
+  for (int r0 = warp; r0 < nr; r0 += 2 * NW) {
+    const bool two = r0 + NW < nr;
+    const EscRow ea = erows[r0], eb = erows[two ? r0 + NW : r0];
+    const uint32_t ca = escs[ea.first].x, cb = escs[eb.first].x;
+    float xa[TPL], xb[TPL];
+#pragma unroll
+    for (int j = 0; j < TPL; ++j) {
+      const int m = min(lane + 32 * j, M - 1);
+      xa[j] = xat(ca, m);
+      xb[j] = xat(cb, m);
+    }
+    apply(ea, xa);
+    if (two) apply(eb, xb);
   }
   __syncthreads();
   if (!mine) return;
