@@ -163,12 +163,12 @@ constexpr int esc_count_offset(int nch, int rt) {
 constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch, rt) + 16; }
 
 // The epilogue of unsplit grids at 64 and 128 tokens (store_rows spills there): the accumulators
-// go to shared memory (the ring is free once every warp is past the main loop); each thread takes
-// one row (or half of one row's tokens), scales its sums and lists the row's escapes; then the
-// whole CTA applies the listed escapes, a row per warp and its tokens across the lanes; then each
-// thread adds its row's bias and stores. Consecutive
-// lanes hold consecutive rows, so the BF16 stores of one token are contiguous; rows are padded to
-// T + 1 floats so that those lanes read different banks.
+// go to shared memory, scaled by their rows' scales (the ring is free once every warp is past the
+// main loop); each thread takes one row (or half of one row's tokens) and lists the row's escapes;
+// then the whole CTA applies the listed escapes, a row per warp and its tokens across the lanes;
+// then each thread adds its row's bias and stores. Consecutive lanes hold consecutive rows, so the
+// BF16 stores of one token are contiguous; rows are padded to T + 1 floats so that those lanes read
+// different banks.
 // Why the escapes go to the whole CTA (session 24, docs/perf-notes.md): each needs x[m][col] of every
 // token, one L2 sector each; walked by the row's own thread, four loads per round trip, the CTA
 // waited for its rows with the most escapes, and skipping escapes altogether (a wrong-output probe)
@@ -188,6 +188,16 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
   int* nrows = reinterpret_cast<int*>(smem + esc_count_offset(NCH, RT));
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int quarter = (tid >> 5) & 3, mt0 = WG == 1 ? 0 : (tid >> 7) & 1, rtl = WG == 4 ? tid >> 8 : 0;
+  // The rows' scales multiply the sums on their way to shared memory (the same FMUL per output as
+  // a pass over the rows afterwards; session 25: that pass read and wrote every sum once more).
+  float sc[MTW][2];
+#pragma unroll
+  for (int mt = 0; mt < MTW; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = row0 + rtl * 128 + quarter * 32 + 16 * (mt0 + mt) + g + 8 * h;
+      sc[mt][h] = n < p.N ? row_scale(__ldg(p.base + n)) : 0.f;
+    }
   __syncthreads();  // every warp is past the main loop (its wgmma retired, its copies landed)
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
@@ -196,7 +206,7 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int rl = rtl * 128 + quarter * 32 + 16 * (mt0 + mt) + g + 8 * (i >> 1);
-        Y[rl * TP + 8 * j + 2 * t + (i & 1)] = a[mt][4 * j + i];
+        Y[rl * TP + 8 * j + 2 * t + (i & 1)] = a[mt][4 * j + i] * sc[mt][i >> 1];
       }
   if (tid == 0) *nrows = 0;
   rows_epilogue<NCH, WG>(smem, row0, p.M, p.N, p.x, p.ldx, p.base, p.esc_ptr, p.esc_col, p.esc_val, p.bias, p.y,
@@ -231,7 +241,7 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   int* nrows = reinterpret_cast<int*>(smem + esc_count_offset(NCH, RT));
   const int tid = threadIdx.x;
   __syncthreads();
-  // Each thread: its row's data, the scale of its tokens; the row's first thread lists the row and
+  // Each thread: its row's data (its sums are scaled already); the row's first thread lists the row and
   // its escapes if they are among the CTA's first kEscListed (escape e at e - the CTA's first, so
   // both threads of a row know whether it is listed).
   const int rl = tid % R, n = row0 + rl;
@@ -244,9 +254,6 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
     sc = row_scale(__ldg(p.base + n));
     e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
     b = p.bias ? __ldg(p.bias + n) : 0.f;
-    float* yr = Y + rl * TP;
-#pragma unroll 4
-    for (int m = mlo; m < mhi; ++m) yr[m] = yr[m] * sc;
     if (mlo == 0 && e0 < e1 && e1 - cta_e0 <= kEscListed) {
       for (int e = e0; e < e1; ++e)
         escs[e - cta_e0] = make_uint2(static_cast<uint32_t>(__ldg(p.esc_col + e)),
