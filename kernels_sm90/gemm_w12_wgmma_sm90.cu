@@ -67,6 +67,7 @@ constexpr int kNoPairs = 128;           // diagnostic 128: never the pair grid (
 constexpr int kPairsAll = 512;          // diagnostic 512: the pair grid on every split grid (S >= 2, <= 64 tokens)
 constexpr int kNoBalance = 8192;        // diagnostic 8192: never the balanced unsplit grid (BAL)
 constexpr int kNoBulkRecords = 16384;   // diagnostic 16384: never bulk-copied records at 1-2 tokens (BULK)
+constexpr int kNoXt = 32768;            // diagnostic 32768: the epilogue's escapes read x, never its transpose (XT)
 
 // One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
 // as fix_escapes does.
@@ -153,6 +154,44 @@ struct EscRow {
   int rl, first, count;
   float slot;
 };
+// XT (session 25, docs/perf-notes.md): at 33-128 tokens on unsplit grids the epilogue's escapes read
+// x transposed, x^T[c][m] at c * 128 + m, so that a warp's 32 tokens of one column are 64
+// contiguous bytes instead of 32 rows' sectors. Scratch: the stream's XT buffer (zero between
+// launches, w12_gemm_xt_buffer), two counts in its first ints and x^T from byte kXtHeader on. The
+// first CTAs transpose one 64-column block each after their wait for the previous kernel, while
+// their first records land, and count it (cnt[0]); an epilogue reads x^T only if every block is
+// counted and x otherwise (the same values), so no CTA ever waits for another; the last CTA past
+// its epilogue (cnt[1]) zeroes both counts for the next launch. (A transpose kernel before the
+// GEMM cost ~2 us: the GEMM waited at its start for a copy it needs only at its end.)
+constexpr int kXtHeader = 256;
+__device__ __forceinline__ uint16_t* xt_of(void* scratch) {
+  return reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(scratch) + kXtHeader);
+}
+__device__ __noinline__ void xt_blocks(const uint16_t* x, int64_t ldx, int M, int KT, void* scratch) {
+  int* cnt = static_cast<int*>(scratch);
+  uint16_t* xt = xt_of(scratch);
+  for (int blk = blockIdx.x; blk < KT; blk += gridDim.x) {
+    // Item (chunk ch of 8 columns, token m): consecutive lanes take consecutive tokens, so each of
+    // the 8 stores of a warp writes 64 contiguous bytes.
+    for (int it = threadIdx.x; it < 8 * kWgmmaMaxTokens; it += blockDim.x) {
+      const int m = it % kWgmmaMaxTokens, c = blk * 64 + (it / kWgmmaMaxTokens) * 8;
+      if (m < M) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)m * ldx + c));
+        uint16_t* d = xt + (size_t)c * kWgmmaMaxTokens + m;
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          d[(2 * i) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] & 0xffffu);
+          d[(2 * i + 1) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] >> 16);
+        }
+      }
+    }
+    __threadfence();  // this thread's stores visible GPU-wide before the block is counted
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(cnt, 1);
+  }
+}
+
 constexpr int kEscListed = 512;  // escapes listed per CTA (the rest: each row's own threads)
 // store_rows_smem's shared memory: the CTA's rows x (tokens + 1) FP32 sums, at esc_rows_offset the
 // listed rows, then the listed escapes, at esc_count_offset the listed rows' count.
@@ -179,7 +218,8 @@ constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch
 template <int NCH, int WG>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
-                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy);
+                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy,
+                                           void* scratch, int KT);
 template <int NCH, int MTW, int WG>
 __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], uint8_t* smem, int row0,
                                                 const WParams& p) {
@@ -210,7 +250,7 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
       }
   if (tid == 0) *nrows = 0;
   rows_epilogue<NCH, WG>(smem, row0, p.M, p.N, p.x, p.ldx, p.base, p.esc_ptr, p.esc_col, p.esc_val, p.bias, p.y,
-                         p.ldy);
+                         p.ldy, p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT);
 }
 
 // store_rows_smem's part after the rows' sums are in shared memory. Not inlined, so that its
@@ -219,7 +259,8 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
 template <int NCH, int WG>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
-                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy) {
+                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy,
+                                           void* scratch, int KT) {
   // (The operands come one by one: a WParams reference would copy the kernel's parameters to the
   // stack.)
   struct {
@@ -269,7 +310,12 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   // tokens.)
   constexpr int NW = NTH / 32, TPL = T / 32;
   const int nr = *nrows, warp = tid >> 5, lane = tid & 31;
-  auto xat = [&](uint32_t col, int m) { return bf16_bits_to_float(__ldg(p.x + (int64_t)m * p.ldx + col)); };
+  // XT: x^T where every block of it is done (each thread asks; either source gives the same values).
+  int* cnt = static_cast<int*>(scratch);
+  const uint16_t* xt = cnt != nullptr && ld_acquire_gpu(cnt) >= KT ? xt_of(scratch) : nullptr;
+  auto xat = [&](uint32_t col, int m) {
+    return bf16_bits_to_float(xt ? __ldg(xt + (size_t)col * kWgmmaMaxTokens + m) : __ldg(p.x + (int64_t)m * p.ldx + col));
+  };
   auto apply = [&](const EscRow& er, const float (&x0)[TPL]) {
     float* yr = Y + er.rl * TP;
     float v[TPL];
@@ -305,6 +351,15 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
     if (two) apply(eb, xb);
   }
   __syncthreads();
+  if (cnt != nullptr && tid == 0) {
+    // Every read of this CTA's x^T and counts is behind the barrier above.
+    __threadfence();  // this CTA's count of its transposed blocks before its ticket
+    if (atomicAdd(cnt + 1, 1) == (int)gridDim.x - 1) {
+      __threadfence();
+      cnt[0] = 0;
+      cnt[1] = 0;
+    }
+  }
   if (!mine) return;
   float* yr = Y + rl * TP;
   // Not listed: this thread's tokens, as before session 24.
@@ -485,6 +540,9 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
       cp_async_commit();
     }
   }
+  // XT: this CTA's share of x^T (if any) while its first records land.
+  if constexpr (NCH >= 8)
+    if (p.S == 1 && p.ws != nullptr) xt_blocks(p.x, p.ldx, p.M, p.KT, p.ws);
 
   // Per record: retire the previous record's wgmma (its stage and the A registers become free),
   // decode this record into registers, refill the freed stage, issue this record's 8 wgmma and
@@ -829,6 +887,13 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
       continue;
     }
     const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : tokens <= 64 ? 8 : 16;
+    // XT (xt_blocks): v4's counters argument is the stream's XT scratch (w12_gemm_counters), used
+    // where the shared-memory epilogue runs (not with diagnostic 2, whose per-output epilogue would
+    // leave the counts set). Diagnostic 32768: never. p.ws carries it (unused by unsplit grids), so
+    // WParams and the other kernels' code stay as they are.
+    if (p.S == 1)
+      p.ws = nch >= 8 && !(a.flags & 2) && !(a.flags & kNoXt) && a.counters != nullptr ? reinterpret_cast<float4*>(a.counters)
+                                                                                       : nullptr;
     // Two warpgroups per CTA unless diagnostic 524288 asks for one (session 9: same bits; M = 64
     // -3 % geomean, lm_head -12 %, 32B [51200, 5120] -18 %; M <= 32 within +-1 %). Row-tile pairs
     // (4 warpgroups, half the activation-tile traffic per record) at 65..128 tokens where a CTA
