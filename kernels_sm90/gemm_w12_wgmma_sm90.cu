@@ -312,7 +312,7 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   const int nr = *nrows, warp = tid >> 5, lane = tid & 31;
   // XT: x^T where every block of it is done (each thread asks; either source gives the same values).
   int* cnt = static_cast<int*>(scratch);
-  const uint16_t* xt = cnt != nullptr && ld_acquire_gpu(cnt) >= KT ? xt_of(scratch) : nullptr;
+  const uint16_t* xt = nr > 0 && cnt != nullptr && ld_acquire_gpu(cnt) >= KT ? xt_of(scratch) : nullptr;
   // (x^T is written during this grid: L2 loads, never the read-only path.)
   auto xat = [&](uint32_t col, int m) {
     return bf16_bits_to_float(xt ? __ldcg(xt + (size_t)col * kWgmmaMaxTokens + m) : __ldg(p.x + (int64_t)m * p.ldx + col));

@@ -771,8 +771,8 @@ def _escape_weight(n, k, per_row, gen):
 @pytest.mark.parametrize("m", [33, 64, 100, 128])
 def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
     # Unsplit grids at 33-128 tokens end in the shared-memory epilogue, where the whole CTA applies
-    # the escapes of its rows listed in shared memory (the CTA's first 512), one (row, token) per
-    # thread, and each row's own threads apply the rest. 0.25 escapes per row lists all of them;
+    # the escapes of its rows listed in shared memory (the CTA's first 512), a row per warp and its
+    # tokens across the lanes, and each row's own threads apply the rest. 0.25 escapes per row lists all of them;
     # 3 per row (~770 per 256-row CTA at 100-128 tokens) leaves rows unlisted. An odd tile count, the last tile 40
     # rows (row-tile pairs at 100-128 tokens, the last pair half empty). Same bits as the rows at 16
     # tokens (the register epilogue), and close to the FP64 reference.
