@@ -9,6 +9,7 @@
 
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "gemm_w12_mma.cuh"
@@ -19,8 +20,8 @@ extern "C" {
 // Bumped whenever a signature below changes; w12/cuda_ops.py refuses a library it does not know.
 // 5: v4 reads layout 2 (w12_gemm_kernel_layout). 6: w12_gemm_v4_ready. 7: w12_gemm_splits takes
 // the kernel. 8: v4 reads layout 3, v1-v3 layout 4 (split records, decode16_split). 9:
-// w12_gemm_wholek_stages.
-int w12_gemm_abi_version(void) { return 9; }
+// w12_gemm_wholek_stages. 10: w12_gemm_counters takes the SM count; w12_gemm_xt_buffer (v4's XT).
+int w12_gemm_abi_version(void) { return 10; }
 
 // 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
 // sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
@@ -64,16 +65,20 @@ int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, 
 }
 
 // Ints of zeroed counter/flag memory a call needs (zero on entry, left zero on exit).
-int w12_gemm_counters(int n, int k, int target_ctas, int kernel) {
-  (void)k;
-  if (kernel == 3 || kernel == 4) return 0;
+// v4 reads its counters argument as the XT scratch on unsplit weights (gemm_w12_wgmma_sm90.cu): two
+// counts and x transposed, 256 B + ceil(K / 64) * 16 KB; callers give it a buffer of its own
+// (w12_gemm_xt_buffer), never v1's counters.
+int w12_gemm_counters(int n, int k, int target_ctas, int sms, int kernel) {
+  if (kernel == 3) return 0;
+  if (kernel == 4) return w12::gemm_splits(n, k, target_ctas, sms, 4) == 1 ? 64 + (k + 63) / 64 * 4096 : 0;
   return kernel == 2 ? target_ctas : (n + 127) / 128;
 }
 
 // y[M, ldy] (BF16) = x[M, ldx] (BF16) . W^T (+ bias, FP32), W given by its W12 tensors with
 // records in layout 4 (v4: layout 3). x must be zero in columns K .. ceil(K/64)*64 (the caller pads).
 // counters: >= w12_gemm_counters() ints, zero before the first call, left zero after each call;
-// one counter array must not be used by two calls running concurrently.
+// one counter array must not be used by two calls running concurrently. Kernel 4 reads it as its XT
+// scratch (w12_gemm_xt_buffer), which must not be another kernel's counters.
 int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, const void* esc_ptr,
              const void* esc_col, const void* esc_val, const void* bias, void* y, int64_t ldy, int m, int n, int k,
              void* workspace, void* counters, int target_ctas, int stages, int flags, int kernel, void* stream) {
@@ -109,13 +114,14 @@ int w12_gemm(const void* x, int64_t ldx, const void* records, const void* base, 
 // trees reject it as an untracked live tensor and where it would be reused after replay. The
 // allocation switches the thread to relaxed capture mode (as torch's allocator does) and zeroes
 // the memory on a private stream, so it is legal during capture and adds no graph node.
-// Returns nullptr and sets *err on failure.
-void* w12_gemm_counters_buffer(int device, void* stream, int n_ints, int* err) {
+// Returns nullptr and sets *err on failure. Pool 0: the K-split counters; pool 1: v4's XT scratch
+// (two counts and x transposed), so that neither ever sees the other's bytes.
+static void* stream_buffer(int pool, int device, void* stream, int n_ints, int* err) {
   static std::mutex mu;
-  static std::map<std::pair<int, void*>, std::pair<void*, int>> bufs;
+  static std::map<std::tuple<int, int, void*>, std::pair<void*, int>> bufs;
   std::lock_guard<std::mutex> lock(mu);
   *err = 0;
-  auto key = std::make_pair(device, stream);
+  auto key = std::make_tuple(pool, device, stream);
   auto it = bufs.find(key);
   if (it != bufs.end() && it->second.second >= n_ints) return it->second.first;
   const int n = n_ints < 4096 ? 4096 : n_ints;
@@ -140,6 +146,16 @@ void* w12_gemm_counters_buffer(int device, void* stream, int n_ints, int* err) {
   }
   bufs[key] = std::make_pair(ptr, n);
   return ptr;
+}
+
+void* w12_gemm_counters_buffer(int device, void* stream, int n_ints, int* err) {
+  return stream_buffer(0, device, stream, n_ints, err);
+}
+
+// v4's XT scratch of (device, stream): w12_gemm_counters() ints for kernel 4, passed as w12_gemm's
+// counters (zero between calls, as the counters).
+void* w12_gemm_xt_buffer(int device, void* stream, int n_ints, int* err) {
+  return stream_buffer(1, device, stream, n_ints, err);
 }
 
 // D[64][16] (FP32) = A[64][16] B[16][16]^T (BF16, row-major) through v4's wgmma building blocks

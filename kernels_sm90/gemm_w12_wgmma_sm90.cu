@@ -67,6 +67,7 @@ constexpr int kNoPairs = 128;           // diagnostic 128: never the pair grid (
 constexpr int kPairsAll = 512;          // diagnostic 512: the pair grid on every split grid (S >= 2, <= 64 tokens)
 constexpr int kNoBalance = 8192;        // diagnostic 8192: never the balanced unsplit grid (BAL)
 constexpr int kNoBulkRecords = 16384;   // diagnostic 16384: never bulk-copied records at 1-2 tokens (BULK)
+constexpr int kNoXt = 32768;            // diagnostic 32768: the epilogue's escapes read x, never its transpose (XT)
 
 // One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
 // as fix_escapes does.
@@ -153,6 +154,44 @@ struct EscRow {
   int rl, first, count;
   float slot;
 };
+// XT (session 25, docs/perf-notes.md): at 33-128 tokens on unsplit grids the epilogue's escapes read
+// x transposed, x^T[c][m] at c * 128 + m, so that a warp's 32 tokens of one column are 64
+// contiguous bytes instead of 32 rows' sectors. Scratch: the stream's XT buffer (zero between
+// launches, w12_gemm_xt_buffer), two counts in its first ints and x^T from byte kXtHeader on. The
+// first CTAs transpose one 64-column block each after their wait for the previous kernel, while
+// their first records land, and count it (cnt[0]); an epilogue reads x^T only if every block is
+// counted and x otherwise (the same values), so no CTA ever waits for another; the last CTA past
+// its epilogue (cnt[1]) zeroes both counts for the next launch. (A transpose kernel before the
+// GEMM cost ~2 us: the GEMM waited at its start for a copy it needs only at its end.)
+constexpr int kXtHeader = 256;
+__device__ __forceinline__ uint16_t* xt_of(void* scratch) {
+  return reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(scratch) + kXtHeader);
+}
+__device__ __noinline__ void xt_blocks(const uint16_t* x, int64_t ldx, int M, int KT, void* scratch) {
+  int* cnt = static_cast<int*>(scratch);
+  uint16_t* xt = xt_of(scratch);
+  for (int blk = blockIdx.x; blk < KT; blk += gridDim.x) {
+    // Item (chunk ch of 8 columns, token m): consecutive lanes take consecutive tokens, so each of
+    // the 8 stores of a warp writes 64 contiguous bytes.
+    for (int it = threadIdx.x; it < 8 * kWgmmaMaxTokens; it += blockDim.x) {
+      const int m = it % kWgmmaMaxTokens, c = blk * 64 + (it / kWgmmaMaxTokens) * 8;
+      if (m < M) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)m * ldx + c));
+        uint16_t* d = xt + (size_t)c * kWgmmaMaxTokens + m;
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          d[(2 * i) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] & 0xffffu);
+          d[(2 * i + 1) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] >> 16);
+        }
+      }
+    }
+    __threadfence();  // this thread's stores visible GPU-wide before the block is counted
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(cnt, 1);
+  }
+}
+
 constexpr int kEscListed = 512;  // escapes listed per CTA (the rest: each row's own threads)
 // store_rows_smem's shared memory: the CTA's rows x (tokens + 1) FP32 sums, at esc_rows_offset the
 // listed rows, then the listed escapes, at esc_count_offset the listed rows' count.
@@ -163,12 +202,12 @@ constexpr int esc_count_offset(int nch, int rt) {
 constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch, rt) + 16; }
 
 // The epilogue of unsplit grids at 64 and 128 tokens (store_rows spills there): the accumulators
-// go to shared memory (the ring is free once every warp is past the main loop); each thread takes
-// one row (or half of one row's tokens), scales its sums and lists the row's escapes; then the
-// whole CTA applies the listed escapes, one (row, token) per thread at a time, the activations of
-// kEscBatch of them loaded at once; then each thread adds its row's bias and stores. Consecutive
-// lanes hold consecutive rows, so the BF16 stores of one token are contiguous; rows are padded to
-// T + 1 floats so that those lanes read different banks.
+// go to shared memory, scaled by their rows' scales (the ring is free once every warp is past the
+// main loop); each thread takes one row (or half of one row's tokens) and lists the row's escapes;
+// then the whole CTA applies the listed escapes, a row per warp and its tokens across the lanes;
+// then each thread adds its row's bias and stores. Consecutive lanes hold consecutive rows, so the
+// BF16 stores of one token are contiguous; rows are padded to T + 1 floats so that those lanes read
+// different banks.
 // Why the escapes go to the whole CTA (session 24, docs/perf-notes.md): each needs x[m][col] of every
 // token, one L2 sector each; walked by the row's own thread, four loads per round trip, the CTA
 // waited for its rows with the most escapes, and skipping escapes altogether (a wrong-output probe)
@@ -176,11 +215,11 @@ constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch
 // Per output the same operations in the same order as fix_escapes (scale, each escape in list
 // order, bias), so the same bits. Must be reached by every thread of the CTA (four barriers).
 // row0: the CTA's first row.
-constexpr int kEscBatch = 8;
 template <int NCH, int WG>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
-                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy);
+                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy,
+                                           void* scratch, int KT);
 template <int NCH, int MTW, int WG>
 __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], uint8_t* smem, int row0,
                                                 const WParams& p) {
@@ -189,6 +228,16 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
   int* nrows = reinterpret_cast<int*>(smem + esc_count_offset(NCH, RT));
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int quarter = (tid >> 5) & 3, mt0 = WG == 1 ? 0 : (tid >> 7) & 1, rtl = WG == 4 ? tid >> 8 : 0;
+  // The rows' scales multiply the sums on their way to shared memory (the same FMUL per output as
+  // a pass over the rows afterwards; session 25: that pass read and wrote every sum once more).
+  float sc[MTW][2];
+#pragma unroll
+  for (int mt = 0; mt < MTW; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = row0 + rtl * 128 + quarter * 32 + 16 * (mt0 + mt) + g + 8 * h;
+      sc[mt][h] = n < p.N ? row_scale(__ldg(p.base + n)) : 0.f;
+    }
   __syncthreads();  // every warp is past the main loop (its wgmma retired, its copies landed)
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
@@ -197,11 +246,11 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int rl = rtl * 128 + quarter * 32 + 16 * (mt0 + mt) + g + 8 * (i >> 1);
-        Y[rl * TP + 8 * j + 2 * t + (i & 1)] = a[mt][4 * j + i];
+        Y[rl * TP + 8 * j + 2 * t + (i & 1)] = a[mt][4 * j + i] * sc[mt][i >> 1];
       }
   if (tid == 0) *nrows = 0;
   rows_epilogue<NCH, WG>(smem, row0, p.M, p.N, p.x, p.ldx, p.base, p.esc_ptr, p.esc_col, p.esc_val, p.bias, p.y,
-                         p.ldy);
+                         p.ldy, p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT);
 }
 
 // store_rows_smem's part after the rows' sums are in shared memory. Not inlined, so that its
@@ -210,7 +259,8 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
 template <int NCH, int WG>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
-                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy) {
+                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy,
+                                           void* scratch, int KT) {
   // (The operands come one by one: a WParams reference would copy the kernel's parameters to the
   // stack.)
   struct {
@@ -232,7 +282,7 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   int* nrows = reinterpret_cast<int*>(smem + esc_count_offset(NCH, RT));
   const int tid = threadIdx.x;
   __syncthreads();
-  // Each thread: its row's data, the scale of its tokens; the row's first thread lists the row and
+  // Each thread: its row's data (its sums are scaled already); the row's first thread lists the row and
   // its escapes if they are among the CTA's first kEscListed (escape e at e - the CTA's first, so
   // both threads of a row know whether it is listed).
   const int rl = tid % R, n = row0 + rl;
@@ -245,9 +295,6 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
     sc = row_scale(__ldg(p.base + n));
     e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
     b = p.bias ? __ldg(p.bias + n) : 0.f;
-    float* yr = Y + rl * TP;
-#pragma unroll 4
-    for (int m = mlo; m < mhi; ++m) yr[m] = yr[m] * sc;
     if (mlo == 0 && e0 < e1 && e1 - cta_e0 <= kEscListed) {
       for (int e = e0; e < e1; ++e)
         escs[e - cta_e0] = make_uint2(static_cast<uint32_t>(__ldg(p.esc_col + e)),
@@ -256,36 +303,64 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
     }
   }
   __syncthreads();
-  // The listed escapes: unit u = (listed row u / M, token u % M), consecutive units in consecutive
-  // lanes; each unit's escapes in list order, its first escape's activation loaded kEscBatch units
-  // ahead of the adds.
-  const int units = *nrows * M;
-  for (int u0 = tid; u0 < units; u0 += NTH * kEscBatch) {
-    float xv[kEscBatch];
+  // The listed escapes: warp w takes listed rows w, w + NW, ..., two at a time; lane l takes the
+  // row's tokens l, l + 32, ... (< M), each token's escapes in list order; both rows' first
+  // activations are loaded before any add. (Session 25: one (row, token) unit per thread cost two
+  // runtime divisions per unit and a branch per escape, 15 % of gate_up's instructions at 128
+  // tokens.)
+  constexpr int NW = NTH / 32, TPL = T / 32;
+  const int nr = *nrows, warp = tid >> 5, lane = tid & 31;
+  // XT: x^T where every block of it is done (each thread asks; either source gives the same values).
+  int* cnt = static_cast<int*>(scratch);
+  const uint16_t* xt = nr > 0 && cnt != nullptr && ld_acquire_gpu(cnt) >= KT ? xt_of(scratch) : nullptr;
+  // (x^T is written during this grid: L2 loads, never the read-only path.)
+  auto xat = [&](uint32_t col, int m) {
+    return bf16_bits_to_float(xt ? __ldcg(xt + (size_t)col * kWgmmaMaxTokens + m) : __ldg(p.x + (int64_t)m * p.ldx + col));
+  };
+  auto apply = [&](const EscRow& er, const float (&x0)[TPL]) {
+    float* yr = Y + er.rl * TP;
+    float v[TPL];
 #pragma unroll
-    for (int k = 0; k < kEscBatch; ++k) {
-      const int u = min(u0 + k * NTH, units - 1), r = u / M, m = u - r * M;
-      xv[k] = bf16_bits_to_float(__ldg(p.x + (int64_t)m * p.ldx + escs[erows[r].first].x));
-    }
+    for (int j = 0; j < TPL; ++j) v[j] = yr[min(lane + 32 * j, M - 1)];
+    for (int c = 0; c < er.count; ++c) {
+      const uint2 es = escs[er.first + c];
+      float xv[TPL];
 #pragma unroll
-    for (int k = 0; k < kEscBatch; ++k) {
-      const int u = u0 + k * NTH;
-      if (u < units) {
-        const int r = u / M, m = u - r * M;
-        const EscRow er = erows[r];
-        float* y = Y + er.rl * TP + m;
-        float v = *y;
-        for (int c = 0; c < er.count; ++c) {
-          const uint2 es = escs[er.first + c];
-          const float x = c == 0 ? xv[k] : bf16_bits_to_float(__ldg(p.x + (int64_t)m * p.ldx + es.x));
-          v = __fadd_rn(v, __fmul_rn(__uint_as_float(es.y), x));
-          v = __fsub_rn(v, __fmul_rn(er.slot, x));
-        }
-        *y = v;
+      for (int j = 0; j < TPL; ++j) xv[j] = c == 0 ? x0[j] : xat(es.x, min(lane + 32 * j, M - 1));
+#pragma unroll
+      for (int j = 0; j < TPL; ++j) {
+        v[j] = __fadd_rn(v[j], __fmul_rn(__uint_as_float(es.y), xv[j]));
+        v[j] = __fsub_rn(v[j], __fmul_rn(er.slot, xv[j]));
       }
     }
+#pragma unroll
+    for (int j = 0; j < TPL; ++j)
+      if (lane + 32 * j < M) yr[lane + 32 * j] = v[j];
+  };
+  for (int r0 = warp; r0 < nr; r0 += 2 * NW) {
+    const bool two = r0 + NW < nr;
+    const EscRow ea = erows[r0], eb = erows[two ? r0 + NW : r0];
+    const uint32_t ca = escs[ea.first].x, cb = escs[eb.first].x;
+    float xa[TPL], xb[TPL];
+#pragma unroll
+    for (int j = 0; j < TPL; ++j) {
+      const int m = min(lane + 32 * j, M - 1);
+      xa[j] = xat(ca, m);
+      xb[j] = xat(cb, m);
+    }
+    apply(ea, xa);
+    if (two) apply(eb, xb);
   }
   __syncthreads();
+  if (cnt != nullptr && tid == 0) {
+    // Every read of this CTA's x^T and counts is behind the barrier above.
+    __threadfence();  // this CTA's count of its transposed blocks before its ticket
+    if (atomicAdd(cnt + 1, 1) == (int)gridDim.x - 1) {
+      __threadfence();
+      cnt[0] = 0;
+      cnt[1] = 0;
+    }
+  }
   if (!mine) return;
   float* yr = Y + rl * TP;
   // Not listed: this thread's tokens, as before session 24.
@@ -466,6 +541,9 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
       cp_async_commit();
     }
   }
+  // XT: this CTA's share of x^T (if any) while its first records land.
+  if constexpr (NCH >= 8)
+    if (p.S == 1 && p.ws != nullptr) xt_blocks(p.x, p.ldx, p.M, p.KT, p.ws);
 
   // Per record: retire the previous record's wgmma (its stage and the A registers become free),
   // decode this record into registers, refill the freed stage, issue this record's 8 wgmma and
@@ -810,6 +888,13 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
       continue;
     }
     const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : tokens <= 64 ? 8 : 16;
+    // XT (xt_blocks): v4's counters argument is the stream's XT scratch (w12_gemm_counters), used
+    // where the shared-memory epilogue runs (not with diagnostic 2, whose per-output epilogue would
+    // leave the counts set). Diagnostic 32768: never. p.ws carries it (unused by unsplit grids), so
+    // WParams and the other kernels' code stay as they are.
+    if (p.S == 1)
+      p.ws = nch >= 8 && !(a.flags & 2) && !(a.flags & kNoXt) && a.counters != nullptr ? reinterpret_cast<float4*>(a.counters)
+                                                                                       : nullptr;
     // Two warpgroups per CTA unless diagnostic 524288 asks for one (session 9: same bits; M = 64
     // -3 % geomean, lm_head -12 %, 32B [51200, 5120] -18 %; M <= 32 within +-1 %). Row-tile pairs
     // (4 warpgroups, half the activation-tile traffic per record) at 65..128 tokens where a CTA

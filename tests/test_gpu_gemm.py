@@ -771,8 +771,8 @@ def _escape_weight(n, k, per_row, gen):
 @pytest.mark.parametrize("m", [33, 64, 100, 128])
 def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
     # Unsplit grids at 33-128 tokens end in the shared-memory epilogue, where the whole CTA applies
-    # the escapes of its rows listed in shared memory (the CTA's first 512), one (row, token) per
-    # thread, and each row's own threads apply the rest. 0.25 escapes per row lists all of them;
+    # the escapes of its rows listed in shared memory (the CTA's first 512), a row per warp and its
+    # tokens across the lanes, and each row's own threads apply the rest. 0.25 escapes per row lists all of them;
     # 3 per row (~770 per 256-row CTA at 100-128 tokens) leaves rows unlisted. An odd tile count, the last tile 40
     # rows (row-tile pairs at 100-128 tokens, the last pair half empty). Same bits as the rows at 16
     # tokens (the register epilogue), and close to the FP64 reference.
@@ -791,6 +791,61 @@ def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
     assert torch.equal(w12.linear(x[:16].clone(), w).view(torch.int16), y[:16].view(torch.int16)), "rows at 16 tokens"
     yb = w12.linear(x, w, bias)
     assert torch.equal(w12.linear(x[-16:].clone(), w, bias).view(torch.int16), yb[-16:].view(torch.int16)), "bias"
+    # W12_GEMM_DIAG=32768: the escapes read x itself, never x transposed (XT): the same values.
+    monkeypatch.setenv("W12_GEMM_DIAG", "32768")
+    assert torch.equal(w12.linear(x, w).view(torch.int16), y.view(torch.int16)), "x instead of x^T"
+
+
+class _Ints:
+    """n int32 at a raw device pointer, for torch.as_tensor (__cuda_array_interface__)."""
+
+    def __init__(self, ptr: int, n: int):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, False), "version": 3}
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+def test_v4_xt_scratch_between_launches(monkeypatch):
+    # XT: the first CTAs of an unsplit grid at 33-128 tokens transpose x into the stream's XT
+    # scratch, the epilogues read it once every block is counted, and the last CTA zeroes the counts.
+    # Launches back to back on alternating inputs and two K (stale x^T or counts would show as
+    # wrong bits), a captured graph replayed, the per-output epilogue (diagnostic 2, no XT) in
+    # between; then the counts must be zero.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = 128 * (2 * sms + 2) + 40
+    gen = torch.Generator().manual_seed(250)
+    ws, xs, want = [], [], []
+    for k in (1280, 640):
+        assert cuda_ops.splits(n, k, DEV, 4) == 1, "the shapes must be unsplit"
+        wt = _escape_weight(n, k, 1.0, gen)
+        w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+        pair = [torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV) for m in (128, 100)]
+        monkeypatch.setenv("W12_GEMM_DIAG", "32768")
+        want.append([w12.linear(x, w).view(torch.int16).clone() for x in pair])
+        monkeypatch.delenv("W12_GEMM_DIAG")
+        ws.append(w)
+        xs.append(pair)
+    for rnd in range(3):
+        for i in (0, 1, 0):
+            for j in (0, 1):
+                got = w12.linear(xs[i][j], ws[i]).view(torch.int16)
+                assert torch.equal(got, want[i][j]), f"round {rnd}, K index {i}, input {j}"
+        monkeypatch.setenv("W12_GEMM_DIAG", "2")
+        assert torch.equal(w12.linear(xs[1][0], ws[1]).view(torch.int16), want[1][0]), "per-output epilogue"
+        monkeypatch.delenv("W12_GEMM_DIAG")
+    xin = xs[0][0].clone()
+    w12.linear(xin, ws[0])  # warm-up before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = w12.linear(xin, ws[0])
+    for x, ref in ((xs[0][0], want[0][0]), (xs[0][1][:100], want[0][1])):
+        xin[: x.shape[0]].copy_(x)
+        graph.replay()
+        assert torch.equal(yg[: x.shape[0]].view(torch.int16), ref), "graph replay"
+    torch.cuda.synchronize()
+    ptr = cuda_ops._counters(ws[0].records.device, torch.cuda.current_stream(), 2, xt=True)
+    assert torch.as_tensor(_Ints(ptr, 2), device=DEV).tolist() == [0, 0], "XT counts left set"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")

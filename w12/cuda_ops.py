@@ -36,7 +36,9 @@ Settings (environment, read on each call):
       the deep loop everywhere up to 16 tokens / nowhere, 512 / 128 the pair grid on every split
       grid up to 64 tokens / nowhere, 4096 one ring instead of the split ring at 65-128 tokens,
       8192 the 128-row CTAs where the balanced unsplit grid runs, 16384 per-thread record copies
-      where bulk-copied records run (1-2 tokens on those weights) (same bits); README lists all.
+      where bulk-copied records run (1-2 tokens on those weights), 32768 the shared-memory
+      epilogue's escapes reading x instead of its transpose (33-128 tokens, unsplit) (same bits);
+      README lists all.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 9
+_GEMM_ABI = 10
 
 
 def library_path() -> Path:
@@ -171,7 +173,7 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_workspace_bytes.restype = _I64
     so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_counters.restype = _INT
-    so.w12_gemm_counters.argtypes = [_INT, _INT, _INT, _INT]
+    so.w12_gemm_counters.argtypes = [_INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_v4_ready.restype = _INT
     so.w12_gemm_splits.restype = _INT
     so.w12_gemm_splits.argtypes = [_INT, _INT, _INT, _INT, _INT]
@@ -180,6 +182,8 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_check_device.restype = _INT
     so.w12_gemm_counters_buffer.restype = _VP
     so.w12_gemm_counters_buffer.argtypes = [_INT, _VP, _INT, ctypes.POINTER(_INT)]
+    so.w12_gemm_xt_buffer.restype = _VP
+    so.w12_gemm_xt_buffer.argtypes = [_INT, _VP, _INT, ctypes.POINTER(_INT)]
     so.w12_gemm_error_string.restype = ctypes.c_char_p
     so.w12_gemm_error_string.argtypes = [_INT]
     _GEMM = so
@@ -373,12 +377,15 @@ def wholek_stages(n: int, k: int, m: int, device="cuda", diag: int = 0) -> int:
 # them (cudaMalloc outside torch's allocator, legal during graph capture): a torch tensor created
 # during a capture would live in that graph's private pool, which torch.compile's CUDA-graph
 # trees reject and may hand to other tensors after the capture.
-def _counters(device: torch.device, stream: torch.cuda.Stream, need: int) -> int:
+def _counters(device: torch.device, stream: torch.cuda.Stream, need: int, xt: bool = False) -> int:
+    """The stream's zeroed K-split counters, or (xt) v4's XT scratch: a buffer of its own."""
     so = _gemm_lib()
     err = ctypes.c_int(0)
-    ptr = so.w12_gemm_counters_buffer(device.index, stream.cuda_stream, need, ctypes.byref(err))
+    get = so.w12_gemm_xt_buffer if xt else so.w12_gemm_counters_buffer
+    ptr = get(device.index, stream.cuda_stream, need, ctypes.byref(err))
     if not ptr:
-        raise RuntimeError(f"w12.linear: cannot allocate GEMM counters on {device}: {_err(err.value)}")
+        what = "XT scratch" if xt else "counters"
+        raise RuntimeError(f"w12.linear: cannot allocate GEMM {what} on {device}: {_err(err.value)}")
     return ptr
 
 
@@ -511,7 +518,11 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt, sm, kver))
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     stream = torch.cuda.current_stream(device)
-    counters = _counters(device, stream, int(so.w12_gemm_counters(n, k, tgt, kver))) if ws_bytes else None
+    n_counters = int(so.w12_gemm_counters(n, k, tgt, sm, kver))
+    if kver == 4:  # its counters argument is the stream's XT scratch (unsplit weights: x transposed)
+        counters = _counters(device, stream, n_counters, xt=True) if n_counters else None
+    else:
+        counters = _counters(device, stream, n_counters) if ws_bytes else None
     flags = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 20)) if "W12_GEMM_DIAG" in os.environ else 0
     if not _pdl(kver, n, k, m, device):  # read (and checked) on every call; v1, v3 and v4 use the bit
         flags |= 32
