@@ -796,6 +796,37 @@ def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
     assert torch.equal(w12.linear(x, w).view(torch.int16), y.view(torch.int16)), "x instead of x^T"
 
 
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [40, 128])
+@pytest.mark.parametrize("pad", [12, 13])
+def test_v4_shared_memory_epilogue_leading_dimension(m, pad, monkeypatch):
+    # The C ABI's ldy (w12.linear always writes a contiguous y): the unsplit grid's shared-memory
+    # epilogue at 33-128 tokens writing into a wider buffer, N = 4 mod 8 and ldy = N + 12 or N + 13
+    # (session 26 measured 16-byte stores there, which need ldy a multiple of 8: branch
+    # wip/v4-vec-stores). Same bits as w12.linear (ldy = N), and the padding columns untouched.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k = 128 * (2 * sms + 2) + 36, 1280
+    assert cuda_ops.splits(n, k, DEV, 4) == 1, "the shape must be unsplit"
+    gen = torch.Generator().manual_seed(260 + m + pad)
+    wt = _escape_weight(n, k, 1.0, gen)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    bias = torch.randn(n, generator=gen).to(DEV)
+    want = w12.linear(x, w, bias).view(torch.int16)
+    so = cuda_ops._gemm_lib()
+    ldy = n + pad
+    y = torch.full((m, ldy), -7.0, dtype=torch.bfloat16, device=DEV)
+    tgt = 2 * sms
+    stream = torch.cuda.current_stream()
+    xt = cuda_ops._counters(x.device, stream, int(so.w12_gemm_counters(n, k, tgt, sms, 4)), xt=True)
+    args = (x.data_ptr(), k, w.records.data_ptr(), w.base.data_ptr(), w.esc_ptr.data_ptr(), w.esc_col.data_ptr())
+    args += (w.esc_val.data_ptr(), bias.data_ptr(), y.data_ptr(), ldy, m, n, k, None, xt, tgt, 0, 0, 4)
+    assert so.w12_gemm(*args, stream.cuda_stream) == 0
+    assert torch.equal(y[:, :n].view(torch.int16), want), f"ldy = N + {pad}"
+    assert bool((y[:, n:] == -7.0).all()), "columns past N written"
+
+
 class _Ints:
     """n int32 at a raw device pointer, for torch.as_tensor (__cuda_array_interface__)."""
 
