@@ -158,27 +158,46 @@ struct EscRow {
 // x transposed, x^T[c][m] at c * 128 + m, so that a warp's 32 tokens of one column are 64
 // contiguous bytes instead of 32 rows' sectors. Scratch: the stream's XT buffer (zero between
 // launches, w12_gemm_xt_buffer), two counts in its first ints and x^T from byte kXtHeader on. The
-// first CTAs transpose one 64-column block each after their wait for the previous kernel, while
-// their first records land, and count it (cnt[0]); an epilogue reads x^T only if every block is
-// counted and x otherwise (the same values), so no CTA ever waits for another; the last CTA past
-// its epilogue (cnt[1]) zeroes both counts for the next launch. (A transpose kernel before the
-// GEMM cost ~2 us: the GEMM waited at its start for a copy it needs only at its end.)
+// grid's first p.xth CTAs are helpers: after their wait for the previous kernel they transpose
+// x's 64-column blocks (helper h: blocks h, h + xth, ...), count them (cnt[0]) and exit; an
+// epilogue reads x^T only if every block is counted and x otherwise (the same values), so no CTA
+// ever waits for another; the last row-tile CTA past its epilogue (cnt[1]) zeroes both counts for
+// the next launch. (A transpose kernel before the GEMM cost ~2 us: the GEMM waited at its start
+// for a copy it needs only at its end. Session 26: the first row-tile CTAs transposing a block
+// each before their main loop held ~4 % of gate_up's samples at 128 tokens and made it 1.8 us
+// slower at 48; helpers run on SMs the row tiles leave idle where the grid is one wave.)
 constexpr int kXtHeader = 256;
+constexpr int kXtBlocksPerHelper = 4;
+constexpr int kXtBatch = 8;  // items per thread loaded before any of their stores
 __device__ __forceinline__ uint16_t* xt_of(void* scratch) {
   return reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(scratch) + kXtHeader);
 }
-__device__ __noinline__ void xt_blocks(const uint16_t* x, int64_t ldx, int M, int KT, void* scratch) {
+// Helper blockIdx.x of `helpers`: x's 64-column blocks blockIdx.x, + helpers, ... as items (block,
+// chunk of 8 columns, token m), consecutive lanes on consecutive tokens so that each of an item's
+// 8 two-byte stores is 64 contiguous bytes per warp; kXtBatch items' loads in flight per thread
+// (a load round trip per block cost a helper of 8 blocks ~10 us in session 26's call 7); one fence,
+// barrier and count for all of the helper's blocks.
+__device__ __noinline__ void xt_blocks(const uint16_t* x, int64_t ldx, int M, int KT, void* scratch, int helpers) {
+  constexpr int kPerBlock = 8 * kWgmmaMaxTokens;
   int* cnt = static_cast<int*>(scratch);
   uint16_t* xt = xt_of(scratch);
-  for (int blk = blockIdx.x; blk < KT; blk += gridDim.x) {
-    // Item (chunk ch of 8 columns, token m): consecutive lanes take consecutive tokens, so each of
-    // the 8 stores of a warp writes 64 contiguous bytes.
-    for (int it = threadIdx.x; it < 8 * kWgmmaMaxTokens; it += blockDim.x) {
-      const int m = it % kWgmmaMaxTokens, c = blk * 64 + (it / kWgmmaMaxTokens) * 8;
-      if (m < M) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)m * ldx + c));
+  const int nblk = blockIdx.x < KT ? (KT - 1 - (int)blockIdx.x) / helpers + 1 : 0;
+  const int items = nblk * kPerBlock, step = blockDim.x;
+  for (int i0 = threadIdx.x; i0 < items; i0 += kXtBatch * step) {
+    uint4 v[kXtBatch];
+#pragma unroll
+    for (int j = 0; j < kXtBatch; ++j) {
+      const int it = i0 + j * step, r = it % kPerBlock, m = r % kWgmmaMaxTokens;
+      const int c = (blockIdx.x + (it / kPerBlock) * helpers) * 64 + (r / kWgmmaMaxTokens) * 8;
+      v[j] = it < items && m < M ? __ldg(reinterpret_cast<const uint4*>(x + (int64_t)m * ldx + c)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kXtBatch; ++j) {
+      const int it = i0 + j * step, r = it % kPerBlock, m = r % kWgmmaMaxTokens;
+      const int c = (blockIdx.x + (it / kPerBlock) * helpers) * 64 + (r / kWgmmaMaxTokens) * 8;
+      if (it < items && m < M) {
         uint16_t* d = xt + (size_t)c * kWgmmaMaxTokens + m;
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           d[(2 * i) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] & 0xffffu);
@@ -186,10 +205,10 @@ __device__ __noinline__ void xt_blocks(const uint16_t* x, int64_t ldx, int M, in
         }
       }
     }
-    __threadfence();  // this thread's stores visible GPU-wide before the block is counted
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(cnt, 1);
   }
+  __threadfence();  // this thread's stores visible GPU-wide before the blocks are counted
+  __syncthreads();
+  if (threadIdx.x == 0 && nblk > 0) atomicAdd(cnt, nblk);
 }
 
 constexpr int kEscListed = 512;  // escapes listed per CTA (the rest: each row's own threads)
@@ -219,7 +238,7 @@ template <int NCH, int WG>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
                                            const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy,
-                                           void* scratch, int KT);
+                                           void* scratch, int KT, int ctas);
 template <int NCH, int MTW, int WG>
 __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], uint8_t* smem, int row0,
                                                 const WParams& p) {
@@ -250,7 +269,7 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
       }
   if (tid == 0) *nrows = 0;
   rows_epilogue<NCH, WG>(smem, row0, p.M, p.N, p.x, p.ldx, p.base, p.esc_ptr, p.esc_col, p.esc_val, p.bias, p.y,
-                         p.ldy, p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT);
+                         p.ldy, p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT, (int)gridDim.x - p.xth);
 }
 
 // store_rows_smem's part after the rows' sums are in shared memory. Not inlined, so that its
@@ -260,7 +279,7 @@ template <int NCH, int WG>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
                                            const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy,
-                                           void* scratch, int KT) {
+                                           void* scratch, int KT, int ctas) {
   // (The operands come one by one: a WParams reference would copy the kernel's parameters to the
   // stack.)
   struct {
@@ -355,7 +374,7 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   if (cnt != nullptr && tid == 0) {
     // Every read of this CTA's x^T and counts is behind the barrier above.
     __threadfence();  // this CTA's count of its transposed blocks before its ticket
-    if (atomicAdd(cnt + 1, 1) == (int)gridDim.x - 1) {
+    if (atomicAdd(cnt + 1, 1) == ctas - 1) {
       __threadfence();
       cnt[0] = 0;
       cnt[1] = 0;
@@ -414,6 +433,14 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // tile is too).
   extern __shared__ __align__(1024) uint8_t smem[];
 
+  // XT helpers (the grid's first p.xth CTAs; unsplit grids at 33-128 tokens only): transpose, exit.
+  if constexpr (NCH >= 8) {
+    if (blockIdx.x < p.xth) {
+      if (p.pdl) pdl_wait();
+      xt_blocks(p.x, p.ldx, p.M, p.KT, p.ws, p.xth);
+      return;
+    }
+  }
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // BAL (p.bal, session 20): an unsplit grid of 2 x SMs CTAs that deals the weight's 16-row
   // slices out evenly (6-7 per CTA for gate_up's 1792) instead of 8 per CTA, so that no SM streams
@@ -430,7 +457,9 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   const int quarter = bal ? (bal_sl >> 1) & 3 : (tid >> 5) & 3, mt0 = bal ? bal_sl & 1 : WG == 1 ? 0 : (tid >> 7) & 1;
   const int rtl = WG == 4 ? tid >> 8 : 0;  // this thread's row tile within the CTA
   const int SP = PAIR ? (p.S + 1) / 2 : p.S;  // CTAs (and parked partials) per row tile
-  const int rowtile = bal ? (bal_ok ? (int)(bal_sl >> 3) : 0) : (blockIdx.x / SP) * RT + rtl, split = bal ? 0 : blockIdx.x % SP;
+  // This CTA among the row-tile CTAs (after the XT helpers; below 33 tokens there are none).
+  const unsigned bid = NCH >= 8 ? blockIdx.x - p.xth : blockIdx.x;
+  const int rowtile = bal ? (bal_ok ? (int)(bal_sl >> 3) : 0) : (bid / SP) * RT + rtl, split = bal ? 0 : bid % SP;
   // An odd last row tile leaves the second of its pair empty: those warpgroups copy nothing,
   // multiply whatever their ring holds and store nothing, but keep every barrier.
   const bool rt_ok = bal ? bal_ok : RT == 1 || rowtile * 128 < p.N;
@@ -541,9 +570,6 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
       cp_async_commit();
     }
   }
-  // XT: this CTA's share of x^T (if any) while its first records land.
-  if constexpr (NCH >= 8)
-    if (p.S == 1 && p.ws != nullptr) xt_blocks(p.x, p.ldx, p.M, p.KT, p.ws);
 
   // Per record: retire the previous record's wgmma (its stage and the A registers become free),
   // decode this record into registers, refill the freed stage, issue this record's 8 wgmma and
@@ -687,7 +713,7 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
       if constexpr (NCH <= 4) {
         store_rows<NCH, MTW>(acc, nbase, mt0, g, t, p);
       } else {
-        store_rows_smem<NCH, MTW, WG>(acc, smem, (blockIdx.x / p.S) * RT * 128, p);
+        store_rows_smem<NCH, MTW, WG>(acc, smem, (bid / p.S) * RT * 128, p);
       }
       return;
     }
@@ -890,8 +916,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : tokens <= 64 ? 8 : 16;
     // XT (xt_blocks): v4's counters argument is the stream's XT scratch (w12_gemm_counters), used
     // where the shared-memory epilogue runs (not with diagnostic 2, whose per-output epilogue would
-    // leave the counts set). Diagnostic 32768: never. p.ws carries it (unused by unsplit grids), so
-    // WParams and the other kernels' code stay as they are.
+    // leave the counts set). Diagnostic 32768: never. p.ws carries it (unused by unsplit grids).
     if (p.S == 1)
       p.ws = nch >= 8 && !(a.flags & 2) && !(a.flags & kNoXt) && a.counters != nullptr ? reinterpret_cast<float4*>(a.counters)
                                                                                        : nullptr;
@@ -963,6 +988,9 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
       p.bal = 1;
       grid = 2 * di.sms;
     }
+    // XT helpers (see xt_of): 4 of x's 64-column blocks each, ahead of the row-tile CTAs.
+    p.xth = p.S == 1 && p.ws != nullptr ? (kt + kXtBlocksPerHelper - 1) / kXtBlocksPerHelper : 0;
+    grid += p.xth;
     // With PDL the CTAs are placed while the previous kernel still holds SMs; capped at what an
     // even spread needs (ceil(grid / SMs) per SM, through the shared-memory request) so that they
     // cannot pile onto the SMs that happen to be free first. Session 9: uncapped, PDL made v4's

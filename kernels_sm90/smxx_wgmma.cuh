@@ -28,6 +28,7 @@ struct WParams : GemmOperands {
   int64_t ldx, ldy;
   float4* ws;  // S > 1: partial sums in v1's order, summed by v1's reduce kernel (gemm_reduce_launch)
   int bal;     // the balanced unsplit grid (gemm_w12_wgmma_sm90.cu: BAL)
+  int xth;     // XT helper CTAs at the start of the grid (gemm_w12_wgmma_sm90.cu: XT); 0 elsewhere
 };
 
 #if W12_WGMMA

@@ -836,7 +836,7 @@ class _Ints:
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 def test_v4_xt_scratch_between_launches(monkeypatch):
-    # XT: the first CTAs of an unsplit grid at 33-128 tokens transpose x into the stream's XT
+    # XT: helper CTAs at the start of an unsplit grid at 33-128 tokens transpose x into the stream's XT
     # scratch, the epilogues read it once every block is counted, and the last CTA zeroes the counts.
     # Launches back to back on alternating inputs and two K (stale x^T or counts would show as
     # wrong bits), a captured graph replayed, the per-output epilogue (diagnostic 2, no XT) in
