@@ -212,39 +212,81 @@ __device__ __noinline__ void xt_blocks(const uint16_t* x, int64_t ldx, int M, in
 }
 
 constexpr int kEscListed = 512;  // escapes listed per CTA (the rest: each row's own threads)
-// store_rows_smem's shared memory: the CTA's rows x (tokens + 1) FP32 sums, at esc_rows_offset the
-// listed rows, then the listed escapes, at esc_count_offset the listed rows' count.
-constexpr int esc_rows_offset(int nch, int rt) { return 128 * rt * (8 * nch + 1) * 4; }
+// store_rows_smem's shared memory: the CTA's rows x tokens FP32 sums (yidx's order), at
+// esc_rows_offset the listed rows (32 slots per warp of listing threads), then the listed escapes,
+// at esc_count_offset those warps' counts.
+constexpr int esc_rows_offset(int nch, int rt) { return 128 * rt * 8 * nch * 4; }
 constexpr int esc_count_offset(int nch, int rt) {
   return esc_rows_offset(nch, rt) + 128 * rt * (int)sizeof(EscRow) + kEscListed * 8;
 }
-constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch, rt) + 16; }
+constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch, rt) + 4 * rt * 4; }
+
+// Where row r's sum for token m sits among the CTA's sums (T tokens a row, T a multiple of 32):
+// the row's 4-token chunks in an order swizzled by r, so that the sums' 8-byte stores (8 rows x 4
+// token pairs a warp), the store pass's 16-byte loads (8 consecutive rows a quarter warp) and the
+// escape pass's 32 tokens of one row each take the fewest wavefronts (no bank twice in one).
+// (Session 27: rows padded to T + 1 floats made the sums' 4-byte stores 4-way conflicts.)
+template <int T>
+__device__ __forceinline__ int yidx(int r, int m) {
+  static_assert(T % 32 == 0, "the swizzle permutes 4-token chunks within 32 tokens");
+  const int f = ((r & 3) << 1) | ((r >> 2) & 1);
+  return r * T + ((((m >> 2) ^ f) << 2) | (m & 3));
+}
+
+// Row rl's BF16 outputs for tokens mlo..mhi-1 (mlo a multiple of 4) from its sums in yidx's order
+// (f: the row's swizzle, 4 x the chunks' XOR), through yp = y + mlo * ldy + the row: 16 tokens at a
+// time without per-token tests, the bias added only where there is one (adding 0 would turn -0 into
+// +0). (Session 27: with a test per token and the bias pointer tested per token, the same pass took
+// ~4 us per CTA at 128 tokens before any store, against ~1.5 us straight.)
+template <int T, bool BIAS>
+__device__ __forceinline__ void store_row_swz(const float* Y, int rl, int f, int mlo, int mhi, float b, uint16_t* yp,
+                                              int64_t ldy) {
+  int m0 = mlo;
+  for (; m0 + 16 <= mhi; m0 += 16, yp += 16 * ldy) {
+    float4 v[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] = *reinterpret_cast<const float4*>(Y + rl * T + ((m0 + 4 * c) ^ f));
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float w[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float yv = BIAS ? __fadd_rn(w[u], b) : w[u];
+        yp[(4 * c + u) * ldy] = __bfloat16_as_ushort(__float2bfloat16_rn(yv));
+      }
+    }
+  }
+  for (; m0 < mhi; ++m0, yp += ldy) {
+    const float yv = BIAS ? __fadd_rn(Y[yidx<T>(rl, m0)], b) : Y[yidx<T>(rl, m0)];
+    *yp = __bfloat16_as_ushort(__float2bfloat16_rn(yv));
+  }
+}
 
 // The epilogue of unsplit grids at 64 and 128 tokens (store_rows spills there): the accumulators
 // go to shared memory, scaled by their rows' scales (the ring is free once every warp is past the
 // main loop); each thread takes one row (or half of one row's tokens) and lists the row's escapes;
 // then the whole CTA applies the listed escapes, a row per warp and its tokens across the lanes;
 // then each thread adds its row's bias and stores. Consecutive lanes hold consecutive rows, so the
-// BF16 stores of one token are contiguous; rows are padded to T + 1 floats so that those lanes read
-// different banks.
+// BF16 stores of one token are contiguous.
 // Why the escapes go to the whole CTA (session 24, docs/perf-notes.md): each needs x[m][col] of every
 // token, one L2 sector each; walked by the row's own thread, four loads per round trip, the CTA
 // waited for its rows with the most escapes, and skipping escapes altogether (a wrong-output probe)
 // took gate_up from 81 to 62.6 us and lm_head from 338 to 279 at 128 tokens.
+// The thread's row data are loaded before the first barrier, so that their round trip runs beside
+// the sums' stores, and the listing needs no shared counter (session 27: three barriers, not four).
 // Per output the same operations in the same order as fix_escapes (scale, each escape in list
-// order, bias), so the same bits. Must be reached by every thread of the CTA (four barriers).
+// order, bias), so the same bits. Must be reached by every thread of the CTA (three barriers).
 // row0: the CTA's first row.
 template <int NCH, int WG>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
-                                           const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
-                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy,
-                                           void* scratch, int KT, int ctas);
+                                           const int32_t* esc_col, const int16_t* esc_val, const float* bias,
+                                           uint16_t* y, int64_t ldy, void* scratch, int KT, int ctas, int e0,
+                                           int e1, int cta_e0, float sc, float b);
 template <int NCH, int MTW, int WG>
 __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], uint8_t* smem, int row0,
                                                 const WParams& p) {
-  constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, TP = T + 1;
+  constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, PER_ROW = kThreads * WG / R;
   float* Y = reinterpret_cast<float*>(smem);
-  int* nrows = reinterpret_cast<int*>(smem + esc_count_offset(NCH, RT));
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int quarter = (tid >> 5) & 3, mt0 = WG == 1 ? 0 : (tid >> 7) & 1, rtl = WG == 4 ? tid >> 8 : 0;
   // The rows' scales multiply the sums on their way to shared memory (the same FMUL per output as
@@ -257,121 +299,125 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
       const int n = row0 + rtl * 128 + quarter * 32 + 16 * (mt0 + mt) + g + 8 * h;
       sc[mt][h] = n < p.N ? row_scale(__ldg(p.base + n)) : 0.f;
     }
+  // The data of the row this thread lists and stores (row tid % R, tokens mlo.. of it).
+  const int n = row0 + tid % R, mlo = (tid / R) * (T / PER_ROW);
+  const bool mine = n < p.N && mlo < p.M;
+  const int cta_e0 = __ldg(p.esc_ptr + row0);
+  const int e0 = mine ? __ldg(p.esc_ptr + n) : 0, e1 = mine ? __ldg(p.esc_ptr + n + 1) : 0;
+  const float rsc = mine ? row_scale(__ldg(p.base + n)) : 0.f, b = mine && p.bias ? __ldg(p.bias + n) : 0.f;
   __syncthreads();  // every warp is past the main loop (its wgmma retired, its copies landed)
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int j = 0; j < NCH; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int rl = rtl * 128 + quarter * 32 + 16 * (mt0 + mt) + g + 8 * (i >> 1);
-        Y[rl * TP + 8 * j + 2 * t + (i & 1)] = a[mt][4 * j + i] * sc[mt][i >> 1];
+      for (int h = 0; h < 2; ++h) {
+        const int rl = rtl * 128 + quarter * 32 + 16 * (mt0 + mt) + g + 8 * h;
+        *reinterpret_cast<float2*>(Y + yidx<T>(rl, 8 * j + 2 * t)) =
+            make_float2(a[mt][4 * j + 2 * h] * sc[mt][h], a[mt][4 * j + 2 * h + 1] * sc[mt][h]);
       }
-  if (tid == 0) *nrows = 0;
-  rows_epilogue<NCH, WG>(smem, row0, p.M, p.N, p.x, p.ldx, p.base, p.esc_ptr, p.esc_col, p.esc_val, p.bias, p.y,
-                         p.ldy, p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT, (int)gridDim.x - p.xth);
+  rows_epilogue<NCH, WG>(smem, row0, p.M, p.N, p.x, p.ldx, p.esc_col, p.esc_val, p.bias, p.y, p.ldy,
+                         p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT, (int)gridDim.x - p.xth, e0, e1,
+                         cta_e0, rsc, b);
 }
 
-// store_rows_smem's part after the rows' sums are in shared memory. Not inlined, so that its
-// registers do not change the main loop's allocation (inlined, the 64-token loop grew from 148 to
-// 172 instructions).
+// store_rows_smem's part after the rows' sums are stored. Not inlined, so that its registers do not
+// change the main loop's allocation (inlined, the 64-token loop grew from 148 to 172 instructions).
 template <int NCH, int WG>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
-                                           const uint8_t* base, const int32_t* esc_ptr, const int32_t* esc_col,
-                                           const int16_t* esc_val, const float* bias, uint16_t* y, int64_t ldy,
-                                           void* scratch, int KT, int ctas) {
-  // (The operands come one by one: a WParams reference would copy the kernel's parameters to the
-  // stack.)
-  struct {
-    int M, N;
-    const uint16_t* x;
-    int64_t ldx;
-    const uint8_t* base;
-    const int32_t *esc_ptr, *esc_col;
-    const int16_t* esc_val;
-    const float* bias;
-    uint16_t* y;
-    int64_t ldy;
-  } const p{M, N, x, ldx, base, esc_ptr, esc_col, esc_val, bias, y, ldy};
-  constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, NTH = 128 * WG, TP = T + 1;
+                                           const int32_t* esc_col, const int16_t* esc_val, const float* bias,
+                                           uint16_t* y, int64_t ldy, void* scratch, int KT, int ctas, int e0,
+                                           int e1, int cta_e0, float sc, float b) {
+  constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, NTH = 128 * WG;
   constexpr int PER_ROW = NTH / R;  // threads per row: 1 (WG = 1) or 2
+  constexpr int NS = R / 32;        // warps of listing threads (the rows' first threads)
   float* Y = reinterpret_cast<float*>(smem);
   EscRow* erows = reinterpret_cast<EscRow*>(smem + esc_rows_offset(NCH, RT));
   uint2* escs = reinterpret_cast<uint2*>(erows + R);
-  int* nrows = reinterpret_cast<int*>(smem + esc_count_offset(NCH, RT));
-  const int tid = threadIdx.x;
-  __syncthreads();
-  // Each thread: its row's data (its sums are scaled already); the row's first thread lists the row and
-  // its escapes if they are among the CTA's first kEscListed (escape e at e - the CTA's first, so
-  // both threads of a row know whether it is listed).
+  int* wcnt = reinterpret_cast<int*>(smem + esc_count_offset(NCH, RT));
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int rl = tid % R, n = row0 + rl;
-  const int mlo = (tid / R) * (T / PER_ROW), mhi = min(mlo + T / PER_ROW, p.M);
-  const bool mine = n < p.N && mlo < mhi;
-  const int cta_e0 = __ldg(p.esc_ptr + row0);
-  float sc = 0.f, b = 0.f;
-  int e0 = 0, e1 = 0;
-  if (mine) {
-    sc = row_scale(__ldg(p.base + n));
-    e0 = __ldg(p.esc_ptr + n), e1 = __ldg(p.esc_ptr + n + 1);
-    b = p.bias ? __ldg(p.bias + n) : 0.f;
-    if (mlo == 0 && e0 < e1 && e1 - cta_e0 <= kEscListed) {
-      for (int e = e0; e < e1; ++e)
-        escs[e - cta_e0] = make_uint2(static_cast<uint32_t>(__ldg(p.esc_col + e)),
-                                      __float_as_uint(bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)))));
-      erows[atomicAdd(nrows, 1)] = EscRow{rl, e0 - cta_e0, e1 - e0, sc * 0x1p-15f};
-    }
+  const int mlo = (tid / R) * (T / PER_ROW), mhi = min(mlo + T / PER_ROW, M);
+  const bool mine = n < N && mlo < mhi;
+  // The row's first thread lists the row and its escapes if they are among the CTA's first
+  // kEscListed (escape e at e - the CTA's first, so both threads of a row know whether it is
+  // listed); listing warp w's rows go to slots 32w.., in row order, its count to wcnt[w].
+  const bool lists = mine && mlo == 0 && e0 < e1 && e1 - cta_e0 <= kEscListed;
+  if (lists)
+    for (int e = e0; e < e1; ++e)
+      escs[e - cta_e0] = make_uint2(static_cast<uint32_t>(__ldg(esc_col + e)),
+                                    __float_as_uint(bf16_bits_to_float(static_cast<uint16_t>(__ldg(esc_val + e)))));
+  if (tid < R) {  // whole warps (R is a multiple of 32)
+    const unsigned listed = __ballot_sync(0xffffffffu, lists);
+    if (lists) erows[32 * warp + __popc(listed & ((1u << lane) - 1))] = EscRow{rl, e0 - cta_e0, e1 - e0, sc * 0x1p-15f};
+    if (lane == 0) wcnt[warp] = __popc(listed);
   }
+  // XT: x^T where every block of it is done (each thread asks; either source gives the same values),
+  // asked before the barrier so that the answer's round trip runs beside it.
+  int* cnt = static_cast<int*>(scratch);
+  const uint16_t* xt = cnt != nullptr && ld_acquire_gpu(cnt) >= KT ? xt_of(scratch) : nullptr;
   __syncthreads();
   // The listed escapes: warp w takes listed rows w, w + NW, ..., two at a time; lane l takes the
-  // row's tokens l, l + 32, ... (< M), each token's escapes in list order; both rows' first
-  // activations are loaded before any add. (Session 25: one (row, token) unit per thread cost two
-  // runtime divisions per unit and a branch per escape, 15 % of gate_up's instructions at 128
-  // tokens.)
+  // row's tokens l, l + 32, ... (< M), each token's escapes in list order; both rows' first two
+  // escapes' activations are loaded before any add. (Session 25: one (row, token) unit per thread
+  // cost two runtime divisions per unit and a branch per escape, 15 % of gate_up's instructions at
+  // 128 tokens.)
   constexpr int NW = NTH / 32, TPL = T / 32;
-  const int nr = *nrows, warp = tid >> 5, lane = tid & 31;
-  // XT: x^T where every block of it is done (each thread asks; either source gives the same values).
-  int* cnt = static_cast<int*>(scratch);
-  const uint16_t* xt = nr > 0 && cnt != nullptr && ld_acquire_gpu(cnt) >= KT ? xt_of(scratch) : nullptr;
+  int pre[NS + 1];  // listed rows before slot group s
+  pre[0] = 0;
+#pragma unroll
+  for (int s = 0; s < NS; ++s) pre[s + 1] = pre[s] + wcnt[s];
+  const int nr = pre[NS];
+  auto row_at = [&](int i) {  // (selects, not pre[] indexed at run time: that would be a stack array)
+    int at = i;
+#pragma unroll
+    for (int u = 1; u < NS; ++u)
+      if (i >= pre[u]) at = 32 * u + i - pre[u];
+    return erows[at];
+  };
   // (x^T is written during this grid: L2 loads, never the read-only path.)
   auto xat = [&](uint32_t col, int m) {
-    return bf16_bits_to_float(xt ? __ldcg(xt + (size_t)col * kWgmmaMaxTokens + m) : __ldg(p.x + (int64_t)m * p.ldx + col));
+    return bf16_bits_to_float(xt ? __ldcg(xt + (size_t)col * kWgmmaMaxTokens + m) : __ldg(x + (int64_t)m * ldx + col));
   };
-  auto apply = [&](const EscRow& er, const float (&x0)[TPL]) {
-    float* yr = Y + er.rl * TP;
+  auto load_x = [&](const EscRow& er, int c, float (&xv)[TPL]) {
+    const uint32_t col = escs[er.first + c].x;
+#pragma unroll
+    for (int j = 0; j < TPL; ++j) xv[j] = xat(col, min(lane + 32 * j, M - 1));
+  };
+  auto apply = [&](const EscRow& er, const float (&x0)[TPL], const float (&x1)[TPL]) {
     float v[TPL];
 #pragma unroll
-    for (int j = 0; j < TPL; ++j) v[j] = yr[min(lane + 32 * j, M - 1)];
+    for (int j = 0; j < TPL; ++j) v[j] = Y[yidx<T>(er.rl, min(lane + 32 * j, M - 1))];
     for (int c = 0; c < er.count; ++c) {
-      const uint2 es = escs[er.first + c];
+      const float wv = __uint_as_float(escs[er.first + c].y);
       float xv[TPL];
-#pragma unroll
-      for (int j = 0; j < TPL; ++j) xv[j] = c == 0 ? x0[j] : xat(es.x, min(lane + 32 * j, M - 1));
+      if (c > 1) load_x(er, c, xv);
 #pragma unroll
       for (int j = 0; j < TPL; ++j) {
-        v[j] = __fadd_rn(v[j], __fmul_rn(__uint_as_float(es.y), xv[j]));
-        v[j] = __fsub_rn(v[j], __fmul_rn(er.slot, xv[j]));
+        const float xj = c == 0 ? x0[j] : c == 1 ? x1[j] : xv[j];
+        v[j] = __fadd_rn(v[j], __fmul_rn(wv, xj));
+        v[j] = __fsub_rn(v[j], __fmul_rn(er.slot, xj));
       }
     }
 #pragma unroll
     for (int j = 0; j < TPL; ++j)
-      if (lane + 32 * j < M) yr[lane + 32 * j] = v[j];
+      if (lane + 32 * j < M) Y[yidx<T>(er.rl, lane + 32 * j)] = v[j];
   };
-  for (int r0 = warp; r0 < nr; r0 += 2 * NW) {
-    const bool two = r0 + NW < nr;
-    const EscRow ea = erows[r0], eb = erows[two ? r0 + NW : r0];
-    const uint32_t ca = escs[ea.first].x, cb = escs[eb.first].x;
-    float xa[TPL], xb[TPL];
-#pragma unroll
-    for (int j = 0; j < TPL; ++j) {
-      const int m = min(lane + 32 * j, M - 1);
-      xa[j] = xat(ca, m);
-      xb[j] = xat(cb, m);
-    }
-    apply(ea, xa);
-    if (two) apply(eb, xb);
+  for (int i0 = warp; i0 < nr; i0 += 2 * NW) {
+    const bool two = i0 + NW < nr;
+    const EscRow ea = row_at(i0), eb = row_at(two ? i0 + NW : i0);
+    float xa[TPL], xa1[TPL], xb[TPL], xb1[TPL];
+    load_x(ea, 0, xa);
+    load_x(eb, 0, xb);
+    if (ea.count > 1) load_x(ea, 1, xa1);
+    if (eb.count > 1) load_x(eb, 1, xb1);
+    apply(ea, xa, xa1);
+    if (two) apply(eb, xb, xb1);
   }
   __syncthreads();
-  if (cnt != nullptr && tid == 0) {
+  // (By the last warp: warp 0 holds the first rows' stores, and the ticket's round trips would
+  // come before them.)
+  if (cnt != nullptr && tid == NTH - 32) {
     // Every read of this CTA's x^T and counts is behind the barrier above.
     __threadfence();  // this CTA's count of its transposed blocks before its ticket
     if (atomicAdd(cnt + 1, 1) == ctas - 1) {
@@ -381,10 +427,26 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
     }
   }
   if (!mine) return;
-  float* yr = Y + rl * TP;
+  const int f = yidx<T>(rl, 0) - rl * T;  // this row's swizzle: 4 x the chunks' XOR
   // Not listed: this thread's tokens, as before session 24.
-  if (e0 < e1 && e1 - cta_e0 > kEscListed) escapes_row_smem(yr, mlo, mhi, e0, e1, sc * 0x1p-15f, p);
-  store_row_smem(yr, n, mlo, mhi, b, p);
+  if (e0 < e1 && e1 - cta_e0 > kEscListed) {
+    const float slot = sc * 0x1p-15f;
+    for (int e = e0; e < e1; ++e) {
+      const int col = __ldg(esc_col + e);
+      const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(esc_val + e)));
+#pragma unroll 4
+      for (int m = mlo; m < mhi; ++m) {
+        const float xv = bf16_bits_to_float(x[(int64_t)m * ldx + col]);
+        float& ym = Y[yidx<T>(rl, m)];
+        ym = __fsub_rn(__fadd_rn(ym, __fmul_rn(wv, xv)), __fmul_rn(slot, xv));
+      }
+    }
+  }
+  uint16_t* yp = y + (int64_t)mlo * ldy + n;
+  if (bias)
+    store_row_swz<T, true>(Y, rl, f, mlo, mhi, b, yp, ldy);
+  else
+    store_row_swz<T, false>(Y, rl, f, mlo, mhi, b, yp, ldy);
 }
 
 // WG = warpgroups per CTA. WG = 1: each warp decodes both m-tiles of its 32-row quarter and the
