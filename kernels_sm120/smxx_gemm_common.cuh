@@ -29,20 +29,26 @@ __device__ __forceinline__ float fix_escapes(float v, float scale, int e0, int e
   return v;
 }
 
-// Escapes e0..e1-1 of one row for tokens mlo..mhi-1 of its FP32 sums at yr[mlo..] (already
+// Token m's sum at yr[m]: the row-contiguous layout of escapes_row_smem's callers but v4's.
+struct RowContiguous {
+  __device__ __forceinline__ int operator()(int m) const { return m; }
+};
+
+// Escapes e0..e1-1 of one row for tokens mlo..mhi-1 of its FP32 sums at yr[at(mlo)..] (already
 // scaled): fix_escapes' operations in its order, each escape's column and value loaded once for
-// all tokens. slot: the row's scale x 2^-15.
-template <typename P>
-__device__ __forceinline__ void escapes_row_smem(float* yr, int mlo, int mhi, int e0, int e1, float slot, const P& p) {
+// all tokens. slot: the row's scale x 2^-15. at: where token m's sum sits (v4: its swizzle).
+template <typename P, typename At = RowContiguous>
+__device__ __forceinline__ void escapes_row_smem(float* yr, int mlo, int mhi, int e0, int e1, float slot, const P& p,
+                                                 At at = {}) {
   for (int e = e0; e < e1; ++e) {
     const int col = __ldg(p.esc_col + e);
     const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
 #pragma unroll 4
     for (int m = mlo; m < mhi; ++m) {
       const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
-      float y = yr[m];
+      float y = yr[at(m)];
       y = __fadd_rn(y, __fmul_rn(wv, xv));
-      yr[m] = __fsub_rn(y, __fmul_rn(slot, xv));
+      yr[at(m)] = __fsub_rn(y, __fmul_rn(slot, xv));
     }
   }
 }

@@ -431,17 +431,13 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   const int f = yidx<T>(rl, 0) - rl * T;  // this row's swizzle: 4 x the chunks' XOR
   // Not listed: this thread's tokens, as before session 24.
   if (e0 < e1 && e1 - cta_e0 > kEscListed) {
-    const float slot = sc * 0x1p-15f;
-    for (int e = e0; e < e1; ++e) {
-      const int col = __ldg(esc_col + e);
-      const float wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(esc_val + e)));
-#pragma unroll 4
-      for (int m = mlo; m < mhi; ++m) {
-        const float xv = bf16_bits_to_float(x[(int64_t)m * ldx + col]);
-        float& ym = Y[yidx<T>(rl, m)];
-        ym = __fsub_rn(__fadd_rn(ym, __fmul_rn(wv, xv)), __fmul_rn(slot, xv));
-      }
-    }
+    struct {
+      const int32_t* esc_col;
+      const int16_t* esc_val;
+      const uint16_t* x;
+      int64_t ldx;
+    } const ops{esc_col, esc_val, x, ldx};
+    escapes_row_smem(Y, mlo, mhi, e0, e1, sc * 0x1p-15f, ops, [rl](int m) { return yidx<T>(rl, m); });
   }
   uint16_t* yp = y + (int64_t)mlo * ldy + n;
   if (bias)
