@@ -117,6 +117,8 @@ __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KPa
   // prefetched lines were evicted again before use (measured: o 13.0 -> 14.7 us at M = 1).
   pdl_launch_dependents();
   const float4* tile = p.ws + (size_t)rowtile * p.S * (kFrag * kT) + tid;
+  // Read once: evict_first (v4 parks them evict_last, so that they wait in L2 for this kernel).
+  const uint64_t once = l2_policy_evict_first();
   // The slices in add_slice's order, spelled out with B even so that a pair never straddles two
   // fetches: q = p_s (+ p_{s+1} where slice s+1 exists), acc = q, then acc + q. kPairsParked: the
   // GEMM parked one partial per pair, already added, so those are added left to right. (Through
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KPa
     for (int s = 0; s < B; ++s)
 #pragma unroll
       for (int mt = 0; mt < MTW; ++mt)
-        v[s][mt] = (live && s0 + s < p.S) ? __ldcg(tile + (size_t)(s0 + s) * (kFrag * kT) + (mt * NCH + j) * kT)
+        v[s][mt] = (live && s0 + s < p.S) ? ld_cg_policy(tile + (size_t)(s0 + s) * (kFrag * kT) + (mt * NCH + j) * kT, once)
                                           : make_float4(0.f, 0.f, 0.f, 0.f);
     auto fold = [&](float (&a)[4], const float4& q4, bool first) {
       const float q[4] = {q4.x, q4.y, q4.z, q4.w};

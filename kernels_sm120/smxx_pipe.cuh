@@ -61,14 +61,6 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
                : "memory");
 }
 
-// L2 policy for data read exactly once (streamed weights): evicted first, so that the small,
-// reused activation rows stay in L2 while hundreds of MB of records pass through it.
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
 __device__ __forceinline__ void bulk_copy_g2s_hint(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
                                                    uint64_t policy) {
   asm volatile(
@@ -78,6 +70,38 @@ __device__ __forceinline__ void bulk_copy_g2s_hint(uint32_t dst, const void* src
       : "memory");
 }
 #endif
+
+// L2 policy for data read exactly once (streamed weights): evicted first, so that the small,
+// reused activation rows stay in L2 while hundreds of MB of records pass through it.
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+// L2 policy for data written once and read back soon by another kernel: the K-split partials (v4
+// parks them, the reduce kernel reads them). Kept in L2 ahead of the weights streaming past them,
+// they are not written back to HBM and fetched again (session 28, docs/perf-notes.md).
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+// 16-byte global store / L1-bypassing load under an L2 policy (createpolicy).
+__device__ __forceinline__ void st_global_policy(float4* dst, const float4& v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ float4 ld_cg_policy(const float4* src, uint64_t policy) {
+  float4 v;
+  asm volatile("ld.global.cg.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(src), "l"(policy)
+               : "memory");  // never above the griddepcontrol.wait that makes the partials visible
+  return v;
+}
 
 // sm_80 path: an arrival on `bar` once every earlier cp.async of this thread has landed
 // (.noinc: the barrier's expected count includes these arrivals).

@@ -790,12 +790,18 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // PDL reduce kernel sums the slices in add_slice's order and runs the epilogue. This replaced a
   // thread-block cluster per row tile, which v1 measured slower at every M (docs/perf-notes.md).
   if (!rt_ok) return;
+  // Parked evict_last: the weights streaming behind them would otherwise push them out of L2, and
+  // the reduce kernel would wait on their write-back and refetch (session 28: down -1.9 us at 64
+  // tokens, the decode-step graph set -1.7 %; docs/perf-notes.md). The reduce kernel reads them
+  // evict_first, which hands their lines back.
   float4* mine = p.ws + ((size_t)rowtile * SP + split) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
+  const uint64_t keep = l2_policy_evict_last();
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int j = 0; j < NCH; ++j)
-      mine[((mt0 + mt) * NCH + j) * kThreads] = make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]);
+      st_global_policy(mine + ((mt0 + mt) * NCH + j) * kThreads,
+                       make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]), keep);
 #endif
 }
 
