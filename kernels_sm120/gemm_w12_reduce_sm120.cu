@@ -94,8 +94,9 @@ __device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int n
 // cluster's limit of 8 slices. STAGE needs sizeof(StagedEscapes) of dynamic shared memory. B:
 // slices fetched per batch (the loads in flight per thread), the smallest of 2, 4, 8 that covers
 // S up to 8: the registers for 8 would hold an S = 2 grid (gate_up) to 4 CTAs per SM.
-template <int NCH, int MTW, bool STAGE, int B>
-__global__ void __launch_bounds__(256 / MTW, 1) gemm_w12_reduce_kernel(const KParams p) {
+// MINB: the CTAs an SM must hold (registers capped to match); 6 for the one-wave form below.
+template <int NCH, int MTW, bool STAGE, int B, int MINB = 1>
+__global__ void __launch_bounds__(256 / MTW, MINB) gemm_w12_reduce_kernel(const KParams p) {
   constexpr int kT = 256 / MTW, kFrag = MTW * NCH;
   extern __shared__ __align__(16) uint8_t rsmem[];
   StagedEscapes& se = *reinterpret_cast<StagedEscapes*>(rsmem);
@@ -189,9 +190,9 @@ cudaError_t resident_ctas(int dev, int threads, int smem, int& n) {
 // finished and the staging chain (esc_ptr -> esc_col -> x) is exposed once per wave: session 11
 // measured gate_up [28672, 4096] at 64 tokens (224 x 8 = 1792 CTAs, 4 per SM) 72.0 -> 75.5 us
 // with it, against down at 64 tokens (256 CTAs) 38.4 -> 34.3.
-template <int NCH, int MTW, int B>
+template <int NCH, int MTW, int B, int MINB = 1>
 cudaError_t launch_reduce_b(const KParams& p, int tiles, cudaStream_t stream) {
-  constexpr auto staged = gemm_w12_reduce_kernel<NCH, MTW, true, B>;
+  constexpr auto staged = gemm_w12_reduce_kernel<NCH, MTW, true, B, MINB>;
   constexpr int threads = 256 / MTW, smem = sizeof(StagedEscapes);
   DevInfo di;
   int dev = 0, per_sm = 0;
@@ -199,13 +200,27 @@ cudaError_t launch_reduce_b(const KParams& p, int tiles, cudaStream_t stream) {
   if (cudaError_t e = resident_ctas<staged>(dev, threads, smem, per_sm); e != cudaSuccess) return e;
   if ((long)tiles * NCH <= (long)per_sm * di.sms)
     return launch_ex(staged, dim3(tiles, NCH), dim3(threads), smem, stream, 1, true, p);
-  return launch_ex(gemm_w12_reduce_kernel<NCH, MTW, false, B>, dim3(tiles, NCH), dim3(threads), 0, stream, 1, true, p);
+  return launch_ex(gemm_w12_reduce_kernel<NCH, MTW, false, B, MINB>, dim3(tiles, NCH), dim3(threads), 0, stream, 1, true,
+                   p);
 }
 
 template <int NCH, int MTW>
 cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
   if (p.S <= 2) return launch_reduce_b<NCH, MTW, 2>(p, tiles, stream);
   if (p.S <= 4) return launch_reduce_b<NCH, MTW, 4>(p, tiles, stream);
+  if constexpr (NCH == 16) {
+    // 65..128 tokens on many row tiles (qkv [6144, 4096]: 48 x 16 = 768 CTAs): the 8-slice form
+    // (119 registers) holds 4 CTAs per SM, so the grid ran in two batches, the second placed only
+    // as the first finished (session 28, docs/perf-notes.md: released at 26 and ~30.5 us of a
+    // 33.5 us launch). Where it would not fit at once, slices four at a time at 6 CTAs per SM: two
+    // round trips per CTA, one batch. The same adds in the same order (B only cuts the fetches).
+    DevInfo di;
+    int dev = 0, per_sm = 0;
+    if (cudaError_t e = dev_info(di, dev); e != cudaSuccess) return e;
+    constexpr auto wide8 = gemm_w12_reduce_kernel<NCH, MTW, false, kMaxClusterSplits>;
+    if (cudaError_t e = resident_ctas<wide8>(dev, 256 / MTW, 0, per_sm); e != cudaSuccess) return e;
+    if ((long)tiles * NCH > (long)per_sm * di.sms) return launch_reduce_b<NCH, MTW, 4, 6>(p, tiles, stream);
+  }
   return launch_reduce_b<NCH, MTW, kMaxClusterSplits>(p, tiles, stream);
 }
 

@@ -210,6 +210,28 @@ def test_reduce_kernel_staged_and_plain_agree(kernel, monkeypatch):
         assert torch.equal(part, full[:m].view(torch.int16)), f"rows at M={m} (staged) differ from M=64 (plain)"
 
 
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [65, 100, 128])
+@pytest.mark.parametrize("n,k,bias", [(6144, 4096, False), (6144 + 77, 4096, True)])  # N on and off the tile edge
+def test_v4_many_tile_split_grid_at_65_128_tokens(n, k, bias, m, monkeypatch):
+    # qkv-like weights (8 slices, 48-49 row tiles) at 65..128 tokens: two GEMM waves, and a reduce
+    # grid of 16 token chunks per row tile that the 8-slice reduce form cannot hold at once, so it
+    # fetches the slices four at a time at 6 CTAs per SM (same adds, same order). The rows must
+    # equal the same rows computed in 64-token passes (8 chunks per row tile: the 8-slice form).
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
+    assert cuda_ops.splits(n, k, DEV, kernel=4) == 8, "the shape must be cut into 8 slices"
+    gen = torch.Generator().manual_seed(300 + m)
+    wt = _weight(n, k, gen, spread=False).to(DEV)
+    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
+    b = torch.randn(n, generator=gen).to(DEV) if bias else None
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    y = w12.linear(x, w, b)
+    _assert_close(y, _ref(x, wt, b), x, wt)
+    parts = torch.cat([w12.linear(x[:64].clone(), w, b), w12.linear(x[64:].clone(), w, b)])
+    assert torch.equal(y.view(torch.int16), parts.view(torch.int16)), "128-token pass against 64-token passes"
+
+
 @pytest.mark.parametrize("m", [1, 3, 16, 31, 37, 64])
 @pytest.mark.parametrize("n,k", [(4096, 4096), (384, 1000)])
 @pytest.mark.parametrize(
