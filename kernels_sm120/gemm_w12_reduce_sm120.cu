@@ -93,7 +93,8 @@ __device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int n
 // off the critical tail, and lifts the
 // cluster's limit of 8 slices. STAGE needs sizeof(StagedEscapes) of dynamic shared memory. B:
 // slices fetched per batch (the loads in flight per thread), the smallest of 2, 4, 8 that covers
-// S up to 8: the registers for 8 would hold an S = 2 grid (gate_up) to 4 CTAs per SM.
+// S up to 8: the registers for 8 would hold an S = 2 grid (gate_up) to 4 CTAs per SM (and 4 at
+// 65..128 tokens where 8 would not fit the grid at once; launch_reduce).
 // MINB: the CTAs an SM must hold (registers capped to match); 6 for the one-wave form below.
 template <int NCH, int MTW, bool STAGE, int B, int MINB = 1>
 __global__ void __launch_bounds__(256 / MTW, MINB) gemm_w12_reduce_kernel(const KParams p) {
