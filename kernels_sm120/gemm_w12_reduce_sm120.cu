@@ -218,8 +218,8 @@ cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
     DevInfo di;
     int dev = 0, per_sm = 0;
     if (cudaError_t e = dev_info(di, dev); e != cudaSuccess) return e;
-    constexpr auto wide8 = gemm_w12_reduce_kernel<NCH, MTW, false, kMaxClusterSplits>;
-    if (cudaError_t e = resident_ctas<wide8>(dev, 256 / MTW, 0, per_sm); e != cudaSuccess) return e;
+    constexpr auto plain8 = gemm_w12_reduce_kernel<NCH, MTW, false, kMaxClusterSplits>;
+    if (cudaError_t e = resident_ctas<plain8>(dev, 256 / MTW, 0, per_sm); e != cudaSuccess) return e;
     if ((long)tiles * NCH > (long)per_sm * di.sms) return launch_reduce_b<NCH, MTW, 4, 6>(p, tiles, stream);
   }
   return launch_reduce_b<NCH, MTW, kMaxClusterSplits>(p, tiles, stream);
