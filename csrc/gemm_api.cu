@@ -66,11 +66,12 @@ int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, 
 
 // Ints of zeroed counter/flag memory a call needs (zero on entry, left zero on exit).
 // v4 reads its counters argument as the XT scratch on unsplit weights (gemm_w12_wgmma_sm90.cu): two
-// counts and x transposed, 256 B + ceil(K / 64) * 16 KB; callers give it a buffer of its own
-// (w12_gemm_xt_buffer), never v1's counters.
+// counts and x transposed, 256 B + ceil(K / 64) * 16 KB (xt_scratch_ints); callers give it a buffer
+// of its own (w12_gemm_xt_buffer), never v1's counters.
+static_assert(w12::xt_scratch_ints(4096) == 64 + 64 * 4096, "XT scratch: 256 B + 16 KB per 64 columns");
 int w12_gemm_counters(int n, int k, int target_ctas, int sms, int kernel) {
   if (kernel == 3) return 0;
-  if (kernel == 4) return w12::gemm_splits(n, k, target_ctas, sms, 4) == 1 ? 64 + (k + 63) / 64 * 4096 : 0;
+  if (kernel == 4) return w12::gemm_splits(n, k, target_ctas, sms, 4) == 1 ? w12::xt_scratch_ints(k) : 0;
   return kernel == 2 ? target_ctas : (n + 127) / 128;
 }
 

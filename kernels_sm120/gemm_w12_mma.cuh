@@ -104,6 +104,11 @@ cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cud
 // with v4's fill (gemm_splits(..., 4)), summed by v1's reduce kernel; up to kWgmmaMaxTokens
 // token rows per launch; workspace gemm_workspace_bytes(..., 4), no counters.
 constexpr int kWgmmaMaxTokens = 128;
+// v4's XT scratch on unsplit weights (gemm_w12_wgmma_sm90.cu: XT): two counts in a kXtHeader-byte
+// header, then x^T, kWgmmaMaxTokens BF16 per column; its size in ints for K columns
+// (w12_gemm_counters).
+constexpr int kXtHeader = 256;
+constexpr int xt_scratch_ints(int k) { return kXtHeader / 4 + (k + 63) / 64 * 64 * kWgmmaMaxTokens * 2 / 4; }
 // cudaErrorNoKernelImageForDevice off sm_90.
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);
 // v4's whole-K clusters (kernels_sm90/gemm_w12_wholek_sm90.cu): at <= 16 tokens, two CTAs per

@@ -191,16 +191,24 @@ cudaError_t resident_ctas(int dev, int threads, int smem, int& n) {
 // finished and the staging chain (esc_ptr -> esc_col -> x) is exposed once per wave: session 11
 // measured gate_up [28672, 4096] at 64 tokens (224 x 8 = 1792 CTAs, 4 per SM) 72.0 -> 75.5 us
 // with it, against down at 64 tokens (256 CTAs) 38.4 -> 34.3.
+// Whether a grid of `ctas` CTAs of `kern` (threads, smem) fits on the device at once.
+template <auto kern>
+cudaError_t fits_at_once(long ctas, int threads, int smem, bool& fits) {
+  DevInfo di;
+  int dev = 0, per_sm = 0;
+  if (cudaError_t e = dev_info(di, dev); e != cudaSuccess) return e;
+  if (cudaError_t e = resident_ctas<kern>(dev, threads, smem, per_sm); e != cudaSuccess) return e;
+  fits = ctas <= (long)per_sm * di.sms;
+  return cudaSuccess;
+}
+
 template <int NCH, int MTW, int B, int MINB = 1>
 cudaError_t launch_reduce_b(const KParams& p, int tiles, cudaStream_t stream) {
   constexpr auto staged = gemm_w12_reduce_kernel<NCH, MTW, true, B, MINB>;
   constexpr int threads = 256 / MTW, smem = sizeof(StagedEscapes);
-  DevInfo di;
-  int dev = 0, per_sm = 0;
-  if (cudaError_t e = dev_info(di, dev); e != cudaSuccess) return e;
-  if (cudaError_t e = resident_ctas<staged>(dev, threads, smem, per_sm); e != cudaSuccess) return e;
-  if ((long)tiles * NCH <= (long)per_sm * di.sms)
-    return launch_ex(staged, dim3(tiles, NCH), dim3(threads), smem, stream, 1, true, p);
+  bool fits = false;
+  if (cudaError_t e = fits_at_once<staged>((long)tiles * NCH, threads, smem, fits); e != cudaSuccess) return e;
+  if (fits) return launch_ex(staged, dim3(tiles, NCH), dim3(threads), smem, stream, 1, true, p);
   return launch_ex(gemm_w12_reduce_kernel<NCH, MTW, false, B, MINB>, dim3(tiles, NCH), dim3(threads), 0, stream, 1, true,
                    p);
 }
@@ -215,12 +223,10 @@ cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
     // as the first finished (session 28, docs/perf-notes.md: released at 26 and ~30.5 us of a
     // 33.5 us launch). Where it would not fit at once, slices four at a time at 6 CTAs per SM: two
     // round trips per CTA, one batch. The same adds in the same order (B only cuts the fetches).
-    DevInfo di;
-    int dev = 0, per_sm = 0;
-    if (cudaError_t e = dev_info(di, dev); e != cudaSuccess) return e;
     constexpr auto plain8 = gemm_w12_reduce_kernel<NCH, MTW, false, kMaxClusterSplits>;
-    if (cudaError_t e = resident_ctas<plain8>(dev, 256 / MTW, 0, per_sm); e != cudaSuccess) return e;
-    if ((long)tiles * NCH > (long)per_sm * di.sms) return launch_reduce_b<NCH, MTW, 4, 6>(p, tiles, stream);
+    bool fits = false;
+    if (cudaError_t e = fits_at_once<plain8>((long)tiles * NCH, 256 / MTW, 0, fits); e != cudaSuccess) return e;
+    if (!fits) return launch_reduce_b<NCH, MTW, 4, 6>(p, tiles, stream);
   }
   return launch_reduce_b<NCH, MTW, kMaxClusterSplits>(p, tiles, stream);
 }

@@ -166,7 +166,6 @@ struct EscRow {
 // for a copy it needs only at its end. Session 26: the first row-tile CTAs transposing a block
 // each before their main loop held ~4 % of gate_up's samples at 128 tokens and made it 1.8 us
 // slower at 48; helpers run on SMs the row tiles leave idle where the grid is one wave.)
-constexpr int kXtHeader = 256;
 constexpr int kXtBlocksPerHelper = 4;
 constexpr int kXtBatch = 8;  // items per thread loaded before any of their stores
 __device__ __forceinline__ uint16_t* xt_of(void* scratch) {
