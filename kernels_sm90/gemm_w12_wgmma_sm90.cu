@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   if (p.S == 1) {
     if (!(p.diag & 2)) {
       if constexpr (NCH <= 4) {
-        store_rows<NCH, MTW>(acc, nbase, mt0, g, t, p);
+        store_rows<NCH, MTW>(acc, nbase, mt0, g, t, smem, p);
       } else {
         store_rows_smem<NCH, MTW, WG>(acc, smem, (bid / p.S) * RT * 128, p);
       }

@@ -46,7 +46,8 @@ __device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int
 // token, each output behind the previous one's store (session 12, docs/perf-notes.md). Per output
 // the same operations in the same order as fix_escapes, so the same bits.
 template <int NCH, int MTW>
-__device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, int mt0, int g, int t, const WParams& p) {
+__device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, int mt0, int g, int t, uint8_t* smem,
+                                           const WParams& p) {
   constexpr int R = 2 * MTW;
   int rn[R], re0[R], re1[R], rc[R];
   float rsc[R], rb[R], rw[R];
@@ -80,6 +81,14 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
                              bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e))), slot, p);
     }
   }
+  // The stores (session 29, docs/perf-notes.md): a lane holds rows g and g + 8 of two tokens, so
+  // its own 2-byte stores put four half sectors in each warp instruction (lm_head: 4.6 us of 187
+  // at 16 tokens). Instead the warp's BF16 outputs go through a tile of its own, [token][row], in
+  // record slot 0 (every record was decoded before the loop's last barrier; the activation tiles
+  // that wgmma may still read lie elsewhere), and each lane stores 4 rows of one token (8 bytes),
+  // a warp instruction 8 whole sectors. The same values, so the same bits.
+  constexpr int RW = 16 * MTW, T = 8 * NCH, RWP = RW + 4;  // + 4: the write pass's lanes spread over banks
+  uint16_t* tile = reinterpret_cast<uint16_t*>(smem) + (threadIdx.x >> 5) * (T * RWP);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int mt = r >> 1, h = r & 1;
@@ -87,13 +96,29 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
     for (int j = 0; j < NCH; ++j)
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const int m = 8 * j + 2 * t + u;
-        if (rn[r] < p.N && m < p.M) {
-          float y = a[mt][4 * j + 2 * h + u];
-          if (p.bias) y = __fadd_rn(y, rb[r]);
-          p.y[(int64_t)m * p.ldy + rn[r]] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
-        }
+        float y = a[mt][4 * j + 2 * h + u];
+        if (p.bias) y = __fadd_rn(y, rb[r]);
+        tile[(8 * j + 2 * t + u) * RWP + 16 * mt + g + 8 * h] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
       }
+  }
+  __syncwarp();
+  const int lane = threadIdx.x & 31, n0 = nbase + 16 * mt0;  // the warp's first row
+  // 8-byte stores need y and ldy 8-byte aligned (a column slice of a wider y may not be).
+  const bool wide = ((reinterpret_cast<uintptr_t>(p.y) | (static_cast<uintptr_t>(p.ldy) << 1)) & 7) == 0;
+#pragma unroll
+  for (int k = 0; k < (RW / 4) * T / 32; ++k) {
+    const int it = lane + 32 * k, q = it % (RW / 4), m = it / (RW / 4), n = n0 + 4 * q;
+    if (m < p.M && n < p.N) {
+      const uint2 v = *reinterpret_cast<const uint2*>(tile + m * RWP + 4 * q);
+      uint16_t* yp = p.y + (int64_t)m * p.ldy + n;
+      if (wide && n + 3 < p.N) {
+        *reinterpret_cast<uint2*>(yp) = v;
+      } else {
+        const uint16_t e[4] = {static_cast<uint16_t>(v.x), static_cast<uint16_t>(v.x >> 16), static_cast<uint16_t>(v.y),
+                               static_cast<uint16_t>(v.y >> 16)};
+        for (int i = 0; i < 4 && n + i < p.N; ++i) yp[i] = e[i];
+      }
+    }
   }
 }
 
