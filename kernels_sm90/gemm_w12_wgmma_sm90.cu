@@ -395,6 +395,7 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   if (p.S == 1) {
     if (!(p.diag & 2)) {
       if constexpr (NCH <= 4) {
+        static_assert(NTH / 32 * store_rows_tile_bytes(NCH, MTW) <= RT * kRec, "store_rows' tiles in record slot 0");
         store_rows<NCH, MTW>(acc, nbase, mt0, g, t, smem, p);
       } else {
         store_rows_smem<NCH, MTW, WG>(acc, smem, (bid / p.S) * RT * 128, p);

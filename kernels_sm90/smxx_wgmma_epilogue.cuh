@@ -45,6 +45,9 @@ __device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int
 // time. The per-output form (diagnostic 2) reloads the row data and walks the escape chain per
 // token, each output behind the previous one's store (session 12, docs/perf-notes.md). Per output
 // the same operations in the same order as fix_escapes, so the same bits.
+// Bytes of store_rows' output tile per warp (16 * MTW rows + 4 of padding, 8 * NCH tokens, BF16).
+constexpr int store_rows_tile_bytes(int nch, int mtw) { return 8 * nch * (16 * mtw + 4) * 2; }
+
 template <int NCH, int MTW>
 __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, int mt0, int g, int t, uint8_t* smem,
                                            const WParams& p) {
@@ -88,6 +91,7 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
   // that wgmma may still read lie elsewhere), and each lane stores 4 rows of one token (8 bytes),
   // a warp instruction 8 whole sectors. The same values, so the same bits.
   constexpr int RW = 16 * MTW, T = 8 * NCH, RWP = RW + 4;  // + 4: the write pass's lanes spread over banks
+  static_assert(T * RWP * 2 == store_rows_tile_bytes(NCH, MTW), "the tile's size as the kernel checks it");
   uint16_t* tile = reinterpret_cast<uint16_t*>(smem) + (threadIdx.x >> 5) * (T * RWP);
 #pragma unroll
   for (int r = 0; r < R; ++r) {

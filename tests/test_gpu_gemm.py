@@ -819,18 +819,20 @@ def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
-@pytest.mark.parametrize("m", [40, 128])
-@pytest.mark.parametrize("pad", [12, 13])
-def test_v4_shared_memory_epilogue_leading_dimension(m, pad, monkeypatch):
-    # The C ABI's ldy (w12.linear always writes a contiguous y): the unsplit grid's shared-memory
-    # epilogue at 33-128 tokens writing into a wider buffer, N = 4 mod 8 and ldy = N + 12 or N + 13
-    # (session 26 measured 16-byte stores there, which need ldy a multiple of 8: branch
-    # wip/v4-vec-stores). Same bits as w12.linear (ldy = N), and the padding columns untouched.
+@pytest.mark.parametrize("m", [1, 3, 17, 40, 128])
+@pytest.mark.parametrize("pad", [12, 13, 14])
+@pytest.mark.parametrize("tail", [36, 38])
+def test_v4_unsplit_epilogue_leading_dimension(m, pad, tail, monkeypatch):
+    # The C ABI's ldy (w12.linear always writes a contiguous y): the unsplit grid's epilogues
+    # (store_rows at <= 32 tokens, whose 8-byte stores need y and ldy 8-byte aligned, session 29;
+    # the shared-memory one at 33-128) writing into a wider buffer: ldy = N + 12, 13 or 14 (8-byte
+    # stores where ldy is a multiple of 4), N = 4 or 6 mod 8 (with N + 14: aligned rows that end in
+    # a partial group of 4). Same bits as w12.linear (ldy = N), and the padding columns untouched.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    n, k = 128 * (2 * sms + 2) + 36, 1280
+    n, k = 128 * (2 * sms + 2) + tail, 1280
     assert cuda_ops.splits(n, k, DEV, 4) == 1, "the shape must be unsplit"
-    gen = torch.Generator().manual_seed(260 + m + pad)
+    gen = torch.Generator().manual_seed(260 + m + pad + tail)
     wt = _escape_weight(n, k, 1.0, gen)
     w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
