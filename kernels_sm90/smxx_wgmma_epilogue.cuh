@@ -1,5 +1,5 @@
 // The epilogues of v4's unsplit grids (gemm_w12_wgmma_sm90.cu): per-row escapes in registers up to
-// 32 tokens (store_rows), through shared memory with the whole CTA applying the escapes at 33-128
+// 32 tokens (store_rows, its stores through a small tile per warp), through shared memory with the whole CTA applying the escapes at 33-128
 // tokens (store_rows_smem), and the XT helpers that transpose x for the latter. Split grids park
 // partials instead and v1's reduce kernel runs their epilogue (gemm_w12_reduce_sm120.cu).
 // In an anonymous namespace like smxx_wgmma.cuh, for the same reason: each translation unit keeps
@@ -37,17 +37,18 @@ __device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int
     }
 }
 
+// Bytes of store_rows' output tile per warp (16 * MTW rows + 4 of padding, 8 * NCH tokens, BF16).
+constexpr int store_rows_tile_bytes(int nch, int mtw) { return 8 * nch * (16 * mtw + 4) * 2; }
+
 // The epilogue of unsplit grids (S = 1) for the thread's 2 * MTW rows (rows nbase + 16 (mt0 + r / 2)
 // + g + 8 (r % 2); tokens 8j + 2t (+1) of chunk j): each row's data and escapes
 // once for all its tokens. The rows' data first (one round trip), then their first escapes (one
-// more), then the rare further escapes, the stores last. The kernel takes it up to 32 tokens and
+// more), then the rare further escapes, the stores last, 8 bytes wide through a tile per warp in
+// shared memory (smem: the ring, whose record slot 0 is free by then). The kernel takes it up to 32 tokens and
 // store_rows_smem (below) at 64 and 128, where this one spills the accumulators even one row at a
 // time. The per-output form (diagnostic 2) reloads the row data and walks the escape chain per
 // token, each output behind the previous one's store (session 12, docs/perf-notes.md). Per output
 // the same operations in the same order as fix_escapes, so the same bits.
-// Bytes of store_rows' output tile per warp (16 * MTW rows + 4 of padding, 8 * NCH tokens, BF16).
-constexpr int store_rows_tile_bytes(int nch, int mtw) { return 8 * nch * (16 * mtw + 4) * 2; }
-
 template <int NCH, int MTW>
 __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, int mt0, int g, int t, uint8_t* smem,
                                            const WParams& p) {
@@ -85,8 +86,8 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
     }
   }
   // The stores (session 29, docs/perf-notes.md): a lane holds rows g and g + 8 of two tokens, so
-  // its own 2-byte stores put four half sectors in each warp instruction (lm_head: 4.6 us of 187
-  // at 16 tokens). Instead the warp's BF16 outputs go through a tile of its own, [token][row], in
+  // its own 2-byte stores put four half sectors in each warp instruction (lm_head's stores cost
+  // 4.6 us of 187 at 16 tokens that way; this form took ~1 us of it off). Instead the warp's BF16 outputs go through a tile of its own, [token][row], in
   // record slot 0 (every record was decoded before the loop's last barrier; the activation tiles
   // that wgmma may still read lie elsewhere), and each lane stores 4 rows of one token (8 bytes),
   // a warp instruction 8 whole sectors. The same values, so the same bits.
