@@ -11,9 +11,10 @@ OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 if [ "$1" = "tests" ] || [ "$1" = "alltests" ]; then
-  what=tests/test_gpu_gemm.py
+  what="tests/test_gpu_gemm.py tests/test_gpu_gemm_v4.py"
   [ "$1" = "alltests" ] && what=tests
-  timeout 300 python3 -m pytest -q -m gpu "$what" -x -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/tests.txt"
+  # shellcheck disable=SC2086  # two paths on purpose
+  timeout 300 python3 -m pytest -q -m gpu $what -x -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/tests.txt"
   shift
 fi
 [ "$1" = "--" ] && shift

@@ -36,7 +36,7 @@ for kern in kernels + ["v3", "v2", "v1"]:
         assert err < 1e-2
 PY
 if [ "$MODE" != "benchonly" ]; then
-  timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_gemm.py -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/tests.txt"
+  timeout 240 python3 -m pytest -q -m gpu tests/test_gpu_gemm.py tests/test_gpu_gemm_v4.py -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/tests.txt"
 fi
 if [ "$MODE" = "quick" ]; then
   timeout 200 python3 benchmarks/bench_gemm.py --quick --json "$OUT/gemm_quick.json" "$@" 2>&1 | tee "$OUT/bench.txt"
