@@ -21,7 +21,8 @@ extern "C" {
 // 5: v4 reads layout 2 (w12_gemm_kernel_layout). 6: w12_gemm_v4_ready. 7: w12_gemm_splits takes
 // the kernel. 8: v4 reads layout 3, v1-v3 layout 4 (split records, decode16_split). 9:
 // w12_gemm_wholek_stages. 10: w12_gemm_counters takes the SM count; w12_gemm_xt_buffer (v4's XT).
-int w12_gemm_abi_version(void) { return 10; }
+// 11: w12_gemm_pair_grid.
+int w12_gemm_abi_version(void) { return 11; }
 
 // 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
 // sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
@@ -51,6 +52,13 @@ int w12_gemm_wholek_stages(int n, int k, int m, int target_ctas, int flags) {
   int dev = 0;
   if (w12::dev_info(di, dev) != cudaSuccess) return -1;
   return w12::wholek_stages(n, k, w12::gemm_splits(n, k, target_ctas, di.sms, 4), m, di.sms, di.smem_optin, 0, flags);
+}
+
+// 1 where v4 runs its pair grid for an (N, K) weight at m token rows (one pass) with
+// target_ctas and a device of `sms` SMs, diagnostics `flags`, else 0 (a pure function, like
+// w12_gemm_splits).
+int w12_gemm_pair_grid(int n, int k, int m, int target_ctas, int sms, int flags) {
+  return w12::wgmma_pair_grid(n, k, m, target_ctas, sms, flags) ? 1 : 0;
 }
 
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).

@@ -570,6 +570,19 @@ cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D
   return cudaGetLastError();
 }
 
+// PAIR's rule for a two-warpgroup CTA (see the launcher): nt 128-row tiles cut into S slices.
+static bool pair_grid(int nt, int S, int tokens, int sms, int flags) {
+  const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : tokens <= 64 ? 8 : 16;
+  if (S < 2 || nch > 8 || (flags & 64) || (flags & kNoPairs)) return false;
+  return (flags & kPairsAll) || (S >= 4 && tokens > 16 && (long)nt * ((S + 1) / 2) >= sms);
+}
+
+bool wgmma_pair_grid(int N, int K, int tokens, int target_ctas, int sms, int flags) {
+  if ((flags & kOneWarpgroup) && tokens <= 64) return false;  // WG = 1: the pair grid needs two
+  if ((flags & kRowPairs) && tokens > 16) return false;       // WG = 4 from 17 tokens up
+  return pair_grid((N + 127) / 128, gemm_splits(N, K, target_ctas, sms, 4), tokens, sms, flags);
+}
+
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   if (cudaError_t e0 = gemm_check_args(a); e0 != cudaSuccess) return e0;
   if (a.M == 0) return cudaSuccess;
@@ -629,10 +642,9 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // at 32 tokens, 18.5 -> 17.7 at 64). Where it would leave SMs idle it lost: o [4096, 4096]
     // (128 CTAs) +0.4 us at 32 tokens, down +0.5..0.75, 32B [5120, 25600] +2..3.6. Diagnostic
     // 512: every split grid up to 64 tokens, 128: never. Same bits (add_slice's order).
-    const int tiles = (nt + rt - 1) / rt, pairs = (p.S + 1) / 2;
-    const bool pair = p.S >= 2 && wg == 2 && nch <= 8 && ((a.flags & 64) == 0) && !(a.flags & kNoPairs) &&
-                      ((a.flags & kPairsAll) || (p.S >= 4 && tokens > 16 && tiles * pairs >= di.sms));
-    const int sp = pair ? pairs : p.S;  // CTAs (parked partials) per row tile
+    const int tiles = (nt + rt - 1) / rt;
+    const bool pair = wg == 2 && pair_grid(nt, p.S, tokens, di.sms, a.flags);
+    const int sp = pair ? (p.S + 1) / 2 : p.S;  // CTAs (parked partials) per row tile
     int grid = tiles * sp;
     // The overlap form (decode of record i+1 behind record i's wgmma): diagnostic 64 up to 64
     // tokens; the default at 65..128, where the four m64n128k16 per record are long enough that

@@ -233,6 +233,26 @@ def test_v4_wholek_rule():
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+def test_v4_pair_grid_rule():
+    # The pair grid (which the PDL rule asks for at 17-32 tokens): 17-64 tokens, >= 4 slices, and
+    # at least one pair CTA per SM; diagnostics 512 / 128 force it on / off.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def pairs_cover(n, k):
+        s = cuda_ops.splits(n, k, DEV, 4)
+        return s >= 4 and (n + 127) // 128 * ((s + 1) // 2) >= sms
+
+    for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (128 * (sms // 2 + 1), 4096)]:
+        want = pairs_cover(n, k)
+        assert cuda_ops.pair_grid(n, k, 17, DEV, diag=0) == want, (n, k)
+        assert cuda_ops.pair_grid(n, k, 64, DEV, diag=0) == want, (n, k)
+        assert not cuda_ops.pair_grid(n, k, 16, DEV, diag=0) and not cuda_ops.pair_grid(n, k, 65, DEV, diag=0)
+        assert not cuda_ops.pair_grid(n, k, 32, DEV, diag=128)
+        assert cuda_ops.pair_grid(n, k, 4, DEV, diag=512) == (cuda_ops.splits(n, k, DEV, 4) >= 2)
+    assert not cuda_ops.pair_grid(28672, 4096, 32, DEV, diag=0)  # unsplit
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 def test_v4_row_pairs_match_smaller_m(monkeypatch):
     # 65..128 tokens in one pass, where a CTA streams >= 16 records: two row tiles per CTA (here
     # 129 tiles, the last one 16 rows and alone in its pair; K split in 2). Rows must equal the

@@ -59,7 +59,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 10
+_GEMM_ABI = 11
 
 
 def library_path() -> Path:
@@ -179,6 +179,8 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_splits.argtypes = [_INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_wholek_stages.restype = _INT
     so.w12_gemm_wholek_stages.argtypes = [_INT, _INT, _INT, _INT, _INT]
+    so.w12_gemm_pair_grid.restype = _INT
+    so.w12_gemm_pair_grid.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_check_device.restype = _INT
     so.w12_gemm_counters_buffer.restype = _VP
     so.w12_gemm_counters_buffer.argtypes = [_INT, _VP, _INT, ctypes.POINTER(_INT)]
@@ -301,8 +303,12 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     grids at <= 16 tokens and on every grid at <= 8 (two rounds each: gate_up -0.4..1.1 us at 1-16
     tokens, lm_head level to -1.5, 32B [51200, 5120] -0.2..0.5, 32B [10240, 5120] (3 slices)
     -0.4..0.5 at 1-4 tokens but +0.9 at 16; the decode-step graph set 0.770 -> 0.764), where
-    session 11 had measured gate_up 5 % slower with it. Timing only: the bits never change. v2 has
-    none.
+    session 11 had measured gate_up 5 % slower with it. Since session 30 v4 also takes it at 17-32
+    tokens where its pair grid runs (qkv [6144, 4096]: -0.2..1.1 us, two rounds; on the other split
+    grids at 17-32 tokens it stays off: o level, down, 32B [10240, 5120] and [5120, 25600] +0.1..1.7
+    us with it), and at 65-128 tokens on weights of >= 4 slices (two rounds: qkv, o, down -0.7..0.9
+    us at 100 and 128 tokens; gate_up, unsplit, +1.5..2.1 at 128, so unsplit grids keep none).
+    Timing only: the bits never change. v2 has none.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
     if raw not in ("auto", "0", "1"):
@@ -313,8 +319,27 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
         return True
     if kver == 4 and (m <= 8 or (m <= 16 and splits(n, k, device, kver) == 1)):
         return True
+    if kver == 4 and 16 < m <= 32:
+        return pair_grid(n, k, m, device)
+    if kver == 4 and m > 64:
+        return splits(n, k, device, kver) >= 4
     in_band = m <= 16 or 32 < m <= 64
     return kver in (1, 4) and in_band and splits(n, k, device, kver) >= 4
+
+
+def pair_grid(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> bool:
+    """Whether v4 runs its pair grid (one CTA per two consecutive K slices, session 17) for an
+    (N, K) weight at ``m`` token rows on ``device`` (``diag``: ``W12_GEMM_DIAG`` bits, default
+    the environment's). Timing only: the bits are the same either way."""
+    if diag is None:
+        diag = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 20)) if "W12_GEMM_DIAG" in os.environ else 0
+    dev = torch.device(device)
+    return _pair_grid(n, k, m, target_ctas(dev), _check_device(dev), diag)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pair_grid(n: int, k: int, m: int, target: int, sms: int, diag: int) -> bool:
+    return bool(_gemm_lib().w12_gemm_pair_grid(n, k, m, target, sms, diag))
 
 
 @functools.lru_cache(maxsize=4096)
