@@ -304,10 +304,12 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     tokens, lm_head level to -1.5, 32B [51200, 5120] -0.2..0.5, 32B [10240, 5120] (3 slices)
     -0.4..0.5 at 1-4 tokens but +0.9 at 16; the decode-step graph set 0.770 -> 0.764), where
     session 11 had measured gate_up 5 % slower with it. Since session 30 v4 also takes it at 17-32
-    tokens where its pair grid runs (qkv [6144, 4096]: -0.2..1.1 us, two rounds; on the other split
-    grids at 17-32 tokens it stays off: o level, down, 32B [10240, 5120] and [5120, 25600] +0.1..1.7
-    us with it), and at 65-128 tokens on weights of >= 4 slices (two rounds: qkv, o, down -0.7..0.9
-    us at 100 and 128 tokens; gate_up, unsplit, +1.5..2.1 at 128, so unsplit grids keep none).
+    tokens where its pair grid runs (qkv [6144, 4096]: -0.8 us at 24 tokens; on the other split
+    grids at 17-32 tokens it stays off: o level, down +0.35..0.65, 32B [10240, 5120] and [5120,
+    25600] +0.1..2 us with it), and at 65-128 tokens on weights of >= 4 slices (qkv, o, down
+    -0.7..1.1 us at 100 and 128 tokens; gate_up, unsplit, +1.5..2.1 at 128, so unsplit grids keep
+    none). Medians of six runs in separate processes, both orders (perf-notes, session 30 item 6:
+    an interleaved A/B favours PDL).
     Timing only: the bits never change. v2 has none.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
