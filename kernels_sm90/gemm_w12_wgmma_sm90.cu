@@ -572,8 +572,7 @@ cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D
 
 // PAIR's rule for a two-warpgroup CTA (see the launcher): nt 128-row tiles cut into S slices.
 static bool pair_grid(int nt, int S, int tokens, int sms, int flags) {
-  const int nch = tokens <= 8 ? 1 : tokens <= 16 ? 2 : tokens <= 32 ? 4 : tokens <= 64 ? 8 : 16;
-  if (S < 2 || nch > 8 || (flags & 64) || (flags & kNoPairs)) return false;
+  if (S < 2 || tokens > 64 || (flags & 64) || (flags & kNoPairs)) return false;  // NCH <= 8 only
   return (flags & kPairsAll) || (S >= 4 && tokens > 16 && (long)nt * ((S + 1) / 2) >= sms);
 }
 

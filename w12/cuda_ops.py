@@ -329,12 +329,17 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     return kver in (1, 4) and in_band and splits(n, k, device, kver) >= 4
 
 
+def _diag_env() -> int:
+    """``W12_GEMM_DIAG`` (checked), 0 where unset."""
+    return _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 20)) if "W12_GEMM_DIAG" in os.environ else 0
+
+
 def pair_grid(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> bool:
     """Whether v4 runs its pair grid (one CTA per two consecutive K slices, session 17) for an
     (N, K) weight at ``m`` token rows on ``device`` (``diag``: ``W12_GEMM_DIAG`` bits, default
     the environment's). Timing only: the bits are the same either way."""
     if diag is None:
-        diag = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 20)) if "W12_GEMM_DIAG" in os.environ else 0
+        diag = _diag_env()
     dev = torch.device(device)
     return _pair_grid(n, k, m, target_ctas(dev), _check_device(dev), diag)
 
@@ -550,7 +555,7 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
         counters = _counters(device, stream, n_counters, xt=True) if n_counters else None
     else:
         counters = _counters(device, stream, n_counters) if ws_bytes else None
-    flags = _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 20)) if "W12_GEMM_DIAG" in os.environ else 0
+    flags = _diag_env()
     if not _pdl(kver, n, k, m, device):  # read (and checked) on every call; v1, v3 and v4 use the bit
         flags |= 32
     code = so.w12_gemm(
