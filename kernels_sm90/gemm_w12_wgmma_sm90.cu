@@ -489,9 +489,12 @@ cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int 
   }
 }
 
+// The shared memory an SM reserves per resident CTA (sm_80-sm_120: 1 KB, beside what the kernel asks).
+constexpr int kSmemReservedPerCta = 1024;
+
 // Shared memory per CTA (ring, 1 KB reserved per CTA) at `stages` deep for 8*nch tokens and rt
 // row tiles per CTA.
-static int ring_bytes(int stages, int nch, int rt = 1) { return stages * (rt * kRec + nch * 8 * 128) + 1024; }
+static int ring_bytes(int stages, int nch, int rt = 1) { return stages * (rt * kRec + nch * 8 * 128) + kSmemReservedPerCta; }
 
 // Self-test of the wgmma building blocks above, independent of the W12 decode: D[64x16] = A B^T
 // for A [64][16] and B [16 tokens][16] BF16 row-major, A through the register fragment layout
@@ -698,11 +701,17 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // cannot pile onto the SMs that happen to be free first. Session 9: uncapped, PDL made v4's
     // decode-step graph set slower (0.878 -> 0.934 of cuBLAS) though each shape alone gained;
     // capped, 0.860 -> 0.847, and M = 1 +2.9 % (o 11.8 -> 11.0 us).
+    // The request is the least that keeps cap + 1 CTAs (each with the SM's 1 KB per-CTA
+    // reservation) from fitting: the driver sizes the SM's shared-memory carveout to cap CTAs,
+    // and what that leaves must take a reduce-kernel CTA (9 KB of staged escapes + 1 KB). Until
+    // session 31 the request ignored the reservation, 1 KB too much per CTA: two 77.8 KB CTAs
+    // left 10238 of the 164 KB configuration's bytes for a 10240-byte reduce CTA, so the reduce
+    // grid was placed only as the GEMM drained (per-CTA timelines, docs/perf-notes.md).
     int smem_min = 0;
     // (The balanced grid's even spread needs the cap with or without PDL.)
     if (p.pdl || p.bal) {
       const int cap = (grid + di.sms - 1) / di.sms;
-      if (cap < di.smem_sm / ring_bytes(st, nch, rt)) smem_min = di.smem_sm / (cap + 1) + 1;
+      if (cap < di.smem_sm / ring_bytes(st, nch, rt)) smem_min = di.smem_sm / (cap + 1) - kSmemReservedPerCta + 1;
     }
     // The split ring (session 18, docs/perf-notes.md) for row-tile pairs at 65..128 tokens: the
     // activation tiles five steps ahead instead of two, the records three (bulk copies); with

@@ -487,20 +487,21 @@ def test_wgmma_activation_tile_follows_layout1_k_order():
 
 
 def test_pdl_rule(monkeypatch):
-    # auto: v3 always; v1 and v4 at <= 16 and 33-64 tokens with >= 4 K slices; v4 also on every
-    # grid at <= 8 tokens, on unsplit ones at <= 16, at 17-32 where its pair grid runs and on split
-    # grids of >= 4 slices at 65-128 (timing only).
-    slices = {(4096, 4096): 8, (28672, 4096): 2, (28672, 1024): 1}
+    # auto: v3 always; v1 at <= 16 and 33-64 tokens with >= 4 K slices; v4 at <= 128 tokens with
+    # >= 4 slices (17-32 since session 31), on every grid at <= 8 tokens and on unsplit ones at
+    # <= 16 (timing only).
+    slices = {(4096, 4096): 8, (28672, 4096): 2, (28672, 1024): 1, (10240, 5120): 3}
     monkeypatch.setattr(cuda_ops, "splits", lambda n, k, device="cuda", kernel=None: slices[(n, k)])
-    # v4 at 17-32 tokens: only where its pair grid runs (the library's rule; qkv-like here).
-    monkeypatch.setattr(cuda_ops, "pair_grid", lambda n, k, m, device="cuda", diag=None: (n, k) == (6144, 4096))
     monkeypatch.delenv("W12_GEMM_PDL", raising=False)
     assert cuda_ops._pdl(1, 4096, 4096, 1, "cuda") and cuda_ops._pdl(1, 4096, 4096, 16, "cuda")
     assert not cuda_ops._pdl(1, 4096, 4096, 17, "cuda")
     assert not cuda_ops._pdl(1, 28672, 4096, 1, "cuda")
     assert cuda_ops._pdl(3, 28672, 4096, 64, "cuda")
-    assert cuda_ops._pdl(4, 4096, 4096, 1, "cuda") and not cuda_ops._pdl(4, 4096, 4096, 17, "cuda")
-    assert not cuda_ops._pdl(4, 4096, 4096, 32, "cuda") and cuda_ops._pdl(4, 4096, 4096, 33, "cuda")
+    assert cuda_ops._pdl(4, 4096, 4096, 1, "cuda") and cuda_ops._pdl(4, 4096, 4096, 17, "cuda")
+    assert cuda_ops._pdl(4, 4096, 4096, 32, "cuda") and cuda_ops._pdl(4, 4096, 4096, 33, "cuda")
+    # Three slices: on at <= 8 tokens only (every grid), off at 9-128.
+    assert cuda_ops._pdl(4, 10240, 5120, 8, "cuda") and not cuda_ops._pdl(4, 10240, 5120, 16, "cuda")
+    assert not cuda_ops._pdl(4, 10240, 5120, 24, "cuda") and not cuda_ops._pdl(4, 10240, 5120, 64, "cuda")
     assert cuda_ops._pdl(4, 4096, 4096, 64, "cuda") and cuda_ops._pdl(4, 4096, 4096, 128, "cuda")
     assert not cuda_ops._pdl(1, 4096, 4096, 65, "cuda") and not cuda_ops._pdl(4, 28672, 4096, 128, "cuda")
     assert cuda_ops._pdl(1, 4096, 4096, 64, "cuda")  # v1 gains at 64 tokens since session 15
@@ -511,7 +512,7 @@ def test_pdl_rule(monkeypatch):
     assert not cuda_ops._pdl(2, 4096, 4096, 1, "cuda")
     slices[(6144, 4096)] = 8
     assert cuda_ops._pdl(4, 6144, 4096, 17, "cuda") and cuda_ops._pdl(4, 6144, 4096, 32, "cuda")
-    assert not cuda_ops._pdl(1, 6144, 4096, 24, "cuda")  # v1 has no pair grid
+    assert not cuda_ops._pdl(1, 6144, 4096, 24, "cuda")  # v1: none at 17-32 tokens
     assert cuda_ops._pdl(4, 6144, 4096, 48, "cuda") and cuda_ops._pdl(4, 6144, 4096, 100, "cuda")
     monkeypatch.setenv("W12_GEMM_PDL", "0")
     assert not cuda_ops._pdl(1, 4096, 4096, 1, "cuda")

@@ -24,9 +24,9 @@ Settings (environment, read on each call):
       64 token rows (v1-v3) or 128 (v4) (the kernel's determinism across M holds for M up to this
       value).
   ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3, v1 and v4:
-      ``auto`` = v3, and v1 and v4 at <= 16 and 33-64 tokens where K is split in >= 4 slices, v4
-      also on unsplit grids at <= 16 tokens and on every grid at <= 8 (what measured faster; see
-      ``_pdl``), ``1`` = always, ``0`` = never. Timing only: the bits never change. (v2 never uses
+      ``auto`` = v3; v1 at <= 16 and 33-64 tokens where K is split in >= 4 slices; v4 at every M
+      up to 128 where K is split in >= 4 slices, on unsplit grids at <= 16 tokens and on every
+      grid at <= 8 (what measured faster; see ``_pdl``), ``1`` = always, ``0`` = never. Timing only: the bits never change. (v2 never uses
       it.)
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); v1: 1 and 2 skip work and give wrong results on purpose,
@@ -309,7 +309,11 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
     25600] +0.1..2 us with it), and at 65-128 tokens on weights of >= 4 slices (qkv, o, down
     -0.7..1.1 us at 100 and 128 tokens; gate_up, unsplit, +1.5..2.1 at 128, so unsplit grids keep
     none). Medians of six runs in separate processes, both orders (perf-notes, session 30 item 6:
-    an interleaved A/B favours PDL).
+    an interleaved A/B favours PDL). Since session 31 v4 takes it on every weight of >= 4 slices
+    at 17-32 tokens: with the CTA cap's shared-memory request corrected (it had left the reduce
+    kernel's CTAs no room beside the GEMM's), o -0.5..0.6 us, down -1.3..1.5 and 32B [5120,
+    25600] -1.8 at 24-32 tokens against the session-30 rule (separate processes, A B B A;
+    perf-notes session 31).
     Timing only: the bits never change. v2 has none.
     """
     raw = os.environ.get("W12_GEMM_PDL", "auto")
@@ -321,9 +325,7 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
         return True
     if kver == 4 and (m <= 8 or (m <= 16 and splits(n, k, device, kver) == 1)):
         return True
-    if kver == 4 and 16 < m <= 32:
-        return pair_grid(n, k, m, device)
-    if kver == 4 and m > 64:
+    if kver == 4 and m > 16:
         return splits(n, k, device, kver) >= 4
     in_band = m <= 16 or 32 < m <= 64
     return kver in (1, 4) and in_band and splits(n, k, device, kver) >= 4
