@@ -489,12 +489,14 @@ cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int 
   }
 }
 
-// The shared memory an SM reserves per resident CTA (sm_80-sm_120: 1 KB, beside what the kernel asks).
+// The shared memory an SM reserves per resident CTA beside what the kernel asks (1 KB on sm_80-sm_120).
 constexpr int kSmemReservedPerCta = 1024;
 
 // Shared memory per CTA (ring, 1 KB reserved per CTA) at `stages` deep for 8*nch tokens and rt
 // row tiles per CTA.
-static int ring_bytes(int stages, int nch, int rt = 1) { return stages * (rt * kRec + nch * 8 * 128) + kSmemReservedPerCta; }
+static int ring_bytes(int stages, int nch, int rt = 1) {
+  return stages * (rt * kRec + nch * 8 * 128) + kSmemReservedPerCta;
+}
 
 // Self-test of the wgmma building blocks above, independent of the W12 decode: D[64x16] = A B^T
 // for A [64][16] and B [16 tokens][16] BF16 row-major, A through the register fragment layout
@@ -711,7 +713,8 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // (The balanced grid's even spread needs the cap with or without PDL.)
     if (p.pdl || p.bal) {
       const int cap = (grid + di.sms - 1) / di.sms;
-      if (cap < di.smem_sm / ring_bytes(st, nch, rt)) smem_min = di.smem_sm / (cap + 1) - kSmemReservedPerCta + 1;
+      if (cap < di.smem_sm / ring_bytes(st, nch, rt))
+        smem_min = di.smem_sm / (cap + 1) - kSmemReservedPerCta + 1;
     }
     // The split ring (session 18, docs/perf-notes.md) for row-tile pairs at 65..128 tokens: the
     // activation tiles five steps ahead instead of two, the records three (bulk copies); with

@@ -26,8 +26,8 @@ Settings (environment, read on each call):
   ``W12_GEMM_PDL`` (default ``auto``): programmatic dependent launch (sm_90+) of v3, v1 and v4:
       ``auto`` = v3; v1 at <= 16 and 33-64 tokens where K is split in >= 4 slices; v4 at every M
       up to 128 where K is split in >= 4 slices, on unsplit grids at <= 16 tokens and on every
-      grid at <= 8 (what measured faster; see ``_pdl``), ``1`` = always, ``0`` = never. Timing only: the bits never change. (v2 never uses
-      it.)
+      grid at <= 8 (what measured faster; see ``_pdl``), ``1`` = always, ``0`` = never. Timing
+      only: the bits never change. (v2 never uses it.)
   ``W12_GEMM_DIAG`` (default 0): kernel variants for benchmarks and tests (bit flags, see
       kernels_sm120/gemm_w12_mma.cuh); v1: 1 and 2 skip work and give wrong results on purpose,
       262144 never caps unsplit multi-wave grids at 49-64 tokens to two CTAs per SM, 64 / 128
