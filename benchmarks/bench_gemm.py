@@ -53,8 +53,9 @@ MS = [1, 2, 4, 8, 16, 32, 64, 128]
 ESCAPE_RATE = 6.5e-5  # measured on a real checkpoint (format spec §2)
 
 
-def random_w12(n: int, k: int, device, gen: torch.Generator) -> W12Weight:
-    """A W12 weight with random records, realistic bases and escapes, for timing only.
+def random_w12(n: int, k: int, device, gen: torch.Generator, escape_rate: float = ESCAPE_RATE) -> W12Weight:
+    """A W12 weight with random records, realistic bases and escapes (``escape_rate`` of the
+    weights, Poisson per row), for timing only.
 
     The records do not hold code 0x000 at the escaped positions as the format requires, so the
     GEMM's result on them is not decode + F.linear (``refcheck`` uses a packed weight instead).
@@ -65,7 +66,7 @@ def random_w12(n: int, k: int, device, gen: torch.Generator) -> W12Weight:
     nt, kt = ceil_div(n, 128), ceil_div(k, 64)
     records = torch.randint(0, 256, (nt, kt, RECORD_BYTES), dtype=torch.uint8, device=device, generator=gen)
     base = torch.randint(110, 122, (n,), dtype=torch.uint8, device=device, generator=gen)
-    counts = torch.poisson(torch.full((n,), ESCAPE_RATE * k, device=device), generator=gen).to(torch.int32)
+    counts = torch.poisson(torch.full((n,), escape_rate * k, device=device), generator=gen).to(torch.int32)
     esc_ptr = torch.zeros(n + 1, dtype=torch.int32, device=device)
     torch.cumsum(counts, 0, out=esc_ptr[1:])
     nnz = int(esc_ptr[-1])
@@ -152,12 +153,12 @@ def refcheck(n: int, k: int, x: torch.Tensor, gen: torch.Generator) -> float:
     return float((y - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def bench_shape(name, n, k, ms, variants, reps, gen, l2, check, hot=False, interleave=False):
+def bench_shape(name, n, k, ms, variants, reps, gen, l2, check, hot=False, interleave=False, escape_rate=ESCAPE_RATE):
     dev = torch.device("cuda")
     rows = []
     w12_bytes = n * k * 1.5  # records dominate; base/escapes add < 0.01%
     bf_bytes = n * k * 2
-    ws = [random_w12(n, k, dev, gen) for _ in range(copies_for(int(w12_bytes), l2))]
+    ws = [random_w12(n, k, dev, gen, escape_rate) for _ in range(copies_for(int(w12_bytes), l2))]
     wb = [
         (torch.randn(n, k, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
         for _ in range(copies_for(bf_bytes, l2))
@@ -249,7 +250,15 @@ def graph_set_inputs(gen, layers: int = 32, layer=("qkv", "o", "gate_up", "down"
     return shapes, xs, wb
 
 
-def graph_set_llama8b(gen, reps: int, variants, layers: int = 32, layer=("qkv", "o", "gate_up", "down"), head=True):
+def graph_set_llama8b(
+    gen,
+    reps: int,
+    variants,
+    layers: int = 32,
+    layer=("qkv", "o", "gate_up", "down"),
+    head=True,
+    escape_rate=ESCAPE_RATE,
+):
     """One graph: all projections of ``layers`` Llama-3.1-8B layers + LM head at M=1.
 
     ``layer`` / ``head`` change what one layer holds and whether the LM head ends the set
@@ -265,7 +274,7 @@ def graph_set_llama8b(gen, reps: int, variants, layers: int = 32, layer=("qkv", 
     out = {"ms_cublas": round(t * len(shapes) / 1000.0, 4), "w12": {}}
     del wb
     torch.cuda.empty_cache()
-    ws = [random_w12(n, k, dev, gen) for n, k in tqdm(shapes, desc="w12 weights", leave=False)]
+    ws = [random_w12(n, k, dev, gen, escape_rate) for n, k in tqdm(shapes, desc="w12 weights", leave=False)]
     for var in variants:
         set_variant(var)
         wv = [in_kernel_layout(w) for w in ws]
@@ -325,6 +334,13 @@ def main(argv=None) -> int:
     )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check of each shape")
     p.add_argument(
+        "--escape-rate",
+        type=float,
+        default=ESCAPE_RATE,
+        help=f"escapes per weight of the timed random weights (default {ESCAPE_RATE:g}, a real checkpoint's; "
+        "0 times the kernels without escape work, an upper bound on what removing it could save)",
+    )
+    p.add_argument(
         "--interleave",
         action="store_true",
         help="time cuBLAS and the W12 variants of a shape replay by replay in turn instead of one after "
@@ -340,6 +356,8 @@ def main(argv=None) -> int:
     )
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "gemm_h200.json"), help="output JSON path")
     a = p.parse_args(argv)
+    if not 0.0 <= a.escape_rate < 0.5:
+        p.error(f"--escape-rate {a.escape_rate}: must be in [0, 0.5)")
     if not torch.cuda.is_available():
         print("error: bench_gemm needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -369,7 +387,11 @@ def main(argv=None) -> int:
     if not a.graph_only:
         for name in tqdm(names, desc="shapes"):
             n, k = table[name]
-            rows += bench_shape(name, n, k, ms, variants, a.reps, gen, l2, not a.no_check, a.hot, a.interleave)
+            rows += bench_shape(
+                name, n, k, ms, variants, a.reps, gen, l2, not a.no_check, a.hot, a.interleave, a.escape_rate
+            )
+        for r in rows:
+            r["escape_rate"] = a.escape_rate
         print(
             f"\n{'shape':>10} {'N':>6} {'K':>6} {'M':>4} {'kernel':>22} {'us':>9} {'cuBLAS':>9} {'x':>6} {'TB/s':>6} {'cbTB/s':>6}"
             + (f" {'us hot':>9}" if a.hot else "")
@@ -397,8 +419,10 @@ def main(argv=None) -> int:
         bad = [v for v in layer if v not in LLAMA8B or v == "lm_head"]
         if bad or not layer:
             p.error(f"--graph-layer {a.graph_layer!r}: names must be among qkv, o, gate_up, down")
-        gs = graph_set_llama8b(gen, max(5, a.reps // 3), variants, layer=tuple(layer), head=head)
-        gs["layer"], gs["head"] = layer, head
+        gs = graph_set_llama8b(
+            gen, max(5, a.reps // 3), variants, layer=tuple(layer), head=head, escape_rate=a.escape_rate
+        )
+        gs["layer"], gs["head"], gs["escape_rate"] = layer, head, a.escape_rate
         for label, g in gs["w12"].items():
             print(
                 f"\n# graph set {'+'.join(layer)}{' + lm_head' if head else ''} (M=1, {gs['launches']} launches): "
