@@ -125,7 +125,8 @@ cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int
 // Whether v4's launcher, where it runs a split grid, takes the pair grid (PAIR: one CTA per two
 // consecutive K slices) for an [N, K] weight at `tokens` token rows (one pass, <= kWgmmaMaxTokens)
 // on a GPU with `sms` SMs, with v4's diagnostics `flags`. Timing only (the bits are the same either
-// way); the PDL rule asks it (w12/cuda_ops.py: _pdl).
+// way); w12/cuda_ops.py: pair_grid asks it (tests and benchmarks; the PDL rule asked it in
+// session 30 and, since session 31, takes PDL on every weight of >= 4 slices instead).
 bool wgmma_pair_grid(int N, int K, int tokens, int target_ctas, int sms, int flags);
 // cudaSuccess when v4 can run on the current device: sm_90 and real sm_90a code in this library.
 cudaError_t wgmma_image_check();
