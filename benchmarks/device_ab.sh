@@ -4,7 +4,7 @@
 # a baseline tree in .ab_alt/ (see below).
 # Usage: benchmarks/device_ab.sh [tests|alltests] -- [bench_gemm args...] (tests: the GEMM GPU
 # tests first; alltests: every GPU test); results in $OUT/ab.tgz (A_*.json, B_*.json).
-# Runs A, B, A, B so that a drift of the GPU or of cuBLAS between the runs shows.
+# Runs A, B, A, B (AB_ROUNDS rounds, default 2) so that a drift of the GPU or of cuBLAS between the runs shows.
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device_out}
@@ -24,7 +24,7 @@ fi
 # (w12/cuda_ops.py refuses a library of another ABI).
 if [ -f .ab_alt/benchmarks/bench_gemm.py ]; then A_BENCH=.ab_alt/benchmarks/bench_gemm.py A_LIB=; else
   A_BENCH=benchmarks/bench_gemm.py A_LIB=w12/_kernels/alt/libw12.so; fi
-for round in 1 2; do
+for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   W12_KERNELS_LIB=$A_LIB timeout 250 python3 "$A_BENCH" --json "$OUT/A_$round.json" "$@" 2>&1 |
     grep -E "M=[0-9]+:|graph set|rror" | sed "s/^/A$round /"
   timeout 250 python3 benchmarks/bench_gemm.py --json "$OUT/B_$round.json" "$@" 2>&1 |

@@ -70,6 +70,23 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
     rc[r] = has ? __ldg(p.esc_col + re0[r]) : 0;
     rw[r] = has ? bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + re0[r]))) : 0.f;
   }
+  // Up to 16 tokens every row's first-escape activations are loaded before any is applied:
+  // behind a per-row branch each row's loads waited for the previous row's adds, one L2 round
+  // trip per row with an escape (session 32, docs/perf-notes.md: gate_up [28672, 4096] -0.3..0.6
+  // us at 1-16 tokens, the multi-wave grids level within noise). At 17-32 tokens (16 registers
+  // more) it measured slower (gate_up +0.7, lm_head +1.2 us), so there each row loads its own.
+  constexpr bool kAhead = NCH <= 2;
+  float rx[R][NCH][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NCH; ++j)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int m = 8 * j + 2 * t + u;
+        if constexpr (kAhead)
+          rx[r][j][u] = re0[r] < re1[r] && m < p.M ? bf16_bits_to_float(p.x[(int64_t)m * p.ldx + rc[r]]) : 0.f;
+      }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int mt = r >> 1, h = r & 1;
@@ -79,7 +96,20 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
 #pragma unroll
       for (int u = 0; u < 2; ++u) a[mt][4 * j + 2 * h + u] = a[mt][4 * j + 2 * h + u] * rsc[r];
     if (re0[r] < re1[r]) {
-      escape_row<NCH, MTW>(a, mt, h, t, rc[r], rw[r], slot, p);
+      if constexpr (kAhead) {
+        // escape_row's operations on the preloaded activations (tokens >= M are never stored)
+#pragma unroll
+        for (int j = 0; j < NCH; ++j)
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+            if (8 * j + 2 * t + u < p.M) {
+              float& y = a[mt][4 * j + 2 * h + u];
+              y = __fadd_rn(y, __fmul_rn(rw[r], rx[r][j][u]));
+              y = __fsub_rn(y, __fmul_rn(slot, rx[r][j][u]));
+            }
+      } else {
+        escape_row<NCH, MTW>(a, mt, h, t, rc[r], rw[r], slot, p);
+      }
       for (int e = re0[r] + 1; e < re1[r]; ++e)
         escape_row<NCH, MTW>(a, mt, h, t, __ldg(p.esc_col + e),
                              bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e))), slot, p);
