@@ -18,23 +18,29 @@ namespace {
 
 constexpr int kThreads = 128;  // one warpgroup: v4's CTAs are 1, 2 or 4 of them
 
-// One escape (column col, true value wv) of row h of m-tile mt, applied to each of its tokens < M
-// as fix_escapes does.
-template <int NCH, int MTW>
-__device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int h, int t, int col, float wv, float slot,
-                                           const WParams& p) {
+// One escape (true value wv; xv(j, u): its activation at token 8j + 2t + u) of row h of m-tile mt,
+// applied to each of its tokens < M as fix_escapes does.
+template <int NCH, int MTW, typename X>
+__device__ __forceinline__ void escape_row_with(float (&a)[MTW][4 * NCH], int mt, int h, int t, const X& xv, float wv,
+                                                float slot, int M) {
 #pragma unroll
   for (int j = 0; j < NCH; ++j)
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int m = 8 * j + 2 * t + u;
-      if (m < p.M) {
-        const float xv = bf16_bits_to_float(p.x[(int64_t)m * p.ldx + col]);
+    for (int u = 0; u < 2; ++u)
+      if (8 * j + 2 * t + u < M) {
+        const float x = xv(j, u);
         float& y = a[mt][4 * j + 2 * h + u];
-        y = __fadd_rn(y, __fmul_rn(wv, xv));
-        y = __fsub_rn(y, __fmul_rn(slot, xv));
+        y = __fadd_rn(y, __fmul_rn(wv, x));
+        y = __fsub_rn(y, __fmul_rn(slot, x));
       }
-    }
+}
+
+// The same for the escape at column col, each activation loaded where it is used.
+template <int NCH, int MTW>
+__device__ __forceinline__ void escape_row(float (&a)[MTW][4 * NCH], int mt, int h, int t, int col, float wv, float slot,
+                                           const WParams& p) {
+  auto xv = [&](int j, int u) { return bf16_bits_to_float(p.x[(int64_t)(8 * j + 2 * t + u) * p.ldx + col]); };
+  escape_row_with<NCH, MTW>(a, mt, h, t, xv, wv, slot, p.M);
 }
 
 // Bytes of store_rows' output tile per warp (16 * MTW rows + 4 of padding, 8 * NCH tokens, BF16).
@@ -97,16 +103,8 @@ __device__ __forceinline__ void store_rows(float (&a)[MTW][4 * NCH], int nbase, 
       for (int u = 0; u < 2; ++u) a[mt][4 * j + 2 * h + u] = a[mt][4 * j + 2 * h + u] * rsc[r];
     if (re0[r] < re1[r]) {
       if constexpr (kAhead) {
-        // escape_row's operations on the preloaded activations (tokens >= M are never stored)
-#pragma unroll
-        for (int j = 0; j < NCH; ++j)
-#pragma unroll
-          for (int u = 0; u < 2; ++u)
-            if (8 * j + 2 * t + u < p.M) {
-              float& y = a[mt][4 * j + 2 * h + u];
-              y = __fadd_rn(y, __fmul_rn(rw[r], rx[r][j][u]));
-              y = __fsub_rn(y, __fmul_rn(slot, rx[r][j][u]));
-            }
+        const auto& xr = rx[r];  // the preloaded activations
+        escape_row_with<NCH, MTW>(a, mt, h, t, [&](int j, int u) { return xr[j][u]; }, rw[r], slot, p.M);
       } else {
         escape_row<NCH, MTW>(a, mt, h, t, rc[r], rw[r], slot, p);
       }
