@@ -82,6 +82,99 @@ __device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int n
   }
 }
 
+// The staged escapes' adds of the thread's rows, prepared before griddepcontrol.wait (session 32,
+// docs/perf-notes.md items 3-4: applied after the wait, each escape a shared-memory read and four
+// dependent operations in a divergent loop per row, they held qkv's and o's reduce 0.35-0.45 us
+// longer than a weight without escapes; reading them ahead behind per-escape branches measured
+// slower, item 5). Per row its first kSlotEscapes escapes as the two exact products fix_escapes
+// adds (w * x and slot * x) for the thread's two tokens, zero where the row has fewer; after the
+// wait only a predicated add chain is left. The same products and adds in the same order.
+// Session 33 (docs/perf-notes.md), same call, A/B: o -0.48 us and 32B [10240, 5120] -0.7 at 1-16
+// tokens, qkv level (its reduce CTAs find no room beside three GEMM CTAs per SM either way; held
+// to 128 registers so that they would, spills made it +0.5); at 33-128 tokens slower (down +2.6,
+// o +1.7 us at 128: the 148-register staged forms), so those keep the plain staged path.
+constexpr int kSlotEscapes = 2;
+template <int MTW>
+struct EscapeSlots {
+  float w[MTW][2][kSlotEscapes][2], s[MTW][2][kSlotEscapes][2];  // [m-tile][h][escape][token]
+};
+
+// After stage_escapes and a barrier: every slot from the staged table (or, past kStagedEscapes,
+// from global memory; x was complete before the GEMM started).
+template <int MTW>
+__device__ __forceinline__ void fill_slots(EscapeSlots<MTW>& es, const RowData& rd, const StagedEscapes& se, int eb,
+                                           int j, const KParams& p) {
+  const int t = threadIdx.x & 3, m0 = 8 * j + 2 * t;
+  const bool ok0 = m0 < p.M, ok1 = m0 + 1 < p.M;
+#pragma unroll
+  for (int mt = 0; mt < MTW; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 2 * mt + h;
+      const float slot = rd.scale[r] * 0x1p-15f;
+#pragma unroll
+      for (int e = 0; e < kSlotEscapes; ++e) {
+        float wv = 0.f, x0 = 0.f, x1 = 0.f;
+        const int ei = rd.e0[r] + e, k = ei - eb;
+        if (ok0 && ei < rd.e1[r]) {
+          if (k < kStagedEscapes) {
+            const float2 xx = *reinterpret_cast<const float2*>(&se.x[k][2 * t]);  // zero past M
+            wv = se.w[k], x0 = xx.x, x1 = xx.y;
+          } else {
+            const int col = __ldg(p.esc_col + ei);
+            wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + ei)));
+            x0 = bf16_bits_to_float(p.x[(int64_t)m0 * p.ldx + col]);
+            x1 = ok1 ? bf16_bits_to_float(p.x[(int64_t)(m0 + 1) * p.ldx + col]) : 0.f;
+          }
+        }
+        es.w[mt][h][e][0] = __fmul_rn(wv, x0), es.w[mt][h][e][1] = __fmul_rn(wv, x1);
+        es.s[mt][h][e][0] = __fmul_rn(slot, x0), es.s[mt][h][e][1] = __fmul_rn(slot, x1);
+      }
+    }
+}
+
+// store_fragment_staged with each row's first kSlotEscapes escapes from the slots (escape_pair's
+// adds on its products), the rest, rare, from the staged table as there.
+template <int NCH, int MTW>
+__device__ __forceinline__ void store_fragment_slots(const float (&v)[4], int nbase, int mtl, int j, const RowData& rd,
+                                                     const float (&ws)[2][kSlotEscapes][2],
+                                                     const float (&ss)[2][kSlotEscapes][2], const StagedEscapes& se,
+                                                     int eb, const KParams& p) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int m0 = 8 * j + 2 * t;
+  if (m0 >= p.M) return;
+  const bool ok1 = m0 + 1 < p.M;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 2 * mtl + h, n = nbase + g + 8 * h;
+    if (n >= p.N) continue;
+    float x0 = v[2 * h] * pick4(rd.scale, r), x1 = v[2 * h + 1] * pick4(rd.scale, r);
+    const int e0 = pick4(rd.e0, r), e1 = pick4(rd.e1, r);
+#pragma unroll
+    for (int e = 0; e < kSlotEscapes; ++e)
+      if (e0 + e < e1) {
+        x0 = __fsub_rn(__fadd_rn(x0, ws[h][e][0]), ss[h][e][0]);
+        x1 = __fsub_rn(__fadd_rn(x1, ws[h][e][1]), ss[h][e][1]);
+      }
+    const float slot = pick4(rd.scale, r) * 0x1p-15f;
+    for (int e = e0 + kSlotEscapes; e < e1; ++e) {
+      const int k = e - eb;
+      float wv, xv0, xv1;
+      if (k < kStagedEscapes) {
+        const float2 xx = *reinterpret_cast<const float2*>(&se.x[k][2 * t]);
+        wv = se.w[k], xv0 = xx.x, xv1 = xx.y;
+      } else {
+        const int col = __ldg(p.esc_col + e);
+        wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+        xv0 = bf16_bits_to_float(p.x[(int64_t)m0 * p.ldx + col]);
+        xv1 = ok1 ? bf16_bits_to_float(p.x[(int64_t)(m0 + 1) * p.ldx + col]) : 0.f;
+      }
+      escape_pair(x0, x1, wv, xv0, xv1, slot);
+    }
+    store_pair(x0, x1, rd, r, m0, ok1, n, p);
+  }
+}
+
 // The cross-CTA reduction as its own kernel (sm_90+, every M unless diagnostic 65536 asks for the
 // cluster path above 8 tokens): one CTA per (row tile, 8-token chunk) with the GEMM CTA's thread
 // -> fragment map, launched with programmatic dependent launch behind the GEMM. Row data and the
@@ -111,8 +204,15 @@ __global__ void __launch_bounds__(256 / MTW, MINB) gemm_w12_reduce_kernel(const 
   RowData rd;
   load_row_data<MTW, !STAGE>(rd, nbase, g, p);
   int eb = 0;
+  // Slots at <= 32 tokens (EscapeSlots says why not above).
+  constexpr bool kSlots = STAGE && NCH <= 4;
+  EscapeSlots<MTW> es;
   if constexpr (STAGE) eb = stage_escapes(se, rowtile, j, kT, p);
   else if (NCH == 1) load_escape_x<MTW>(rd, t, p);  // x was complete before the GEMM started
+  if constexpr (kSlots) {
+    __syncthreads();  // the staged escapes are complete
+    fill_slots<MTW>(es, rd, se, eb, j, p);
+  }
   pdl_wait();
   // Only now may the next GEMM start (it prefetches its first records into L2 and waits for this
   // grid). Triggering at kernel start launched it while this GEMM was still streaming, and its
@@ -161,7 +261,11 @@ __global__ void __launch_bounds__(256 / MTW, MINB) gemm_w12_reduce_kernel(const 
           }
     }
   }
-  if constexpr (STAGE) {
+  if constexpr (kSlots) {
+#pragma unroll
+    for (int mt = 0; mt < MTW; ++mt)
+      store_fragment_slots<NCH, MTW>(acc[mt], nbase + 16 * mt, mt, j, rd, es.w[mt], es.s[mt], se, eb, p);
+  } else if constexpr (STAGE) {
     __syncthreads();  // the staged escapes are complete
 #pragma unroll
     for (int mt = 0; mt < MTW; ++mt) store_fragment_staged<NCH, MTW>(acc[mt], nbase + 16 * mt, mt, j, rd, se, eb, p);
