@@ -97,8 +97,10 @@ cudaError_t gemm_slab_launch(const GemmArgs& a, cudaStream_t stream);
 // m0 .. m0+tokens-1, and writes y with v1's epilogue. The GEMM before it must trigger its
 // dependents (griddepcontrol.launch_dependents) or simply finish.
 // pairs_parked: the GEMM parked one partial per pair of slices (S counts those partials).
+// slots: the staged escapes through per-row slots of products at <= 32 tokens (EscapeSlots in
+// gemm_w12_reduce_sm120.cu; the caller says whether the GEMM leaves their registers room).
 cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream,
-                               bool pairs_parked = false);
+                               bool pairs_parked = false, bool slots = false);
 
 // v4, Hopper wgmma (kernels_sm90/gemm_w12_wgmma_sm90.cu, sm_90a only): K slices by v1's rule
 // with v4's fill (gemm_splits(..., 4)), summed by v1's reduce kernel; up to kWgmmaMaxTokens

@@ -89,10 +89,11 @@ __device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int n
 // slower, item 5). Per row its first kSlotEscapes escapes as the two exact products fix_escapes
 // adds (w * x and slot * x) for the thread's two tokens, zero where the row has fewer; after the
 // wait only a predicated add chain is left. The same products and adds in the same order.
-// Session 33 (docs/perf-notes.md), same call, A/B: o -0.48 us and 32B [10240, 5120] -0.7 at 1-16
-// tokens, qkv level (its reduce CTAs find no room beside three GEMM CTAs per SM either way; held
-// to 128 registers so that they would, spills made it +0.5); at 33-128 tokens slower (down +2.6,
-// o +1.7 us at 128: the 148-register staged forms), so those keep the plain staged path.
+// Session 33 (docs/perf-notes.md), same call, A/B: o -0.55 us and 32B [10240, 5120] -0.6 at 1-16
+// tokens, but qkv +0.15..0.3 at 4-16 and at 33-128 tokens slower (down +2.6, o +1.7 us at 128).
+// Taken by v4 at <= 32 tokens behind GEMM grids of <= 2 CTAs per SM (gemm_reduce_launch): the
+// slot forms' 102-148 registers no longer fit beside three (qkv's 384 CTAs at 1-16 tokens) where
+// the plain staged form's 72-108 do (held to 128 registers, they spilled and were slower still).
 constexpr int kSlotEscapes = 2;
 template <int MTW>
 struct EscapeSlots {
@@ -189,7 +190,8 @@ __device__ __forceinline__ void store_fragment_slots(const float (&v)[4], int nb
 // S up to 8: the registers for 8 would hold an S = 2 grid (gate_up) to 4 CTAs per SM (and 4 at
 // 65..128 tokens where 8 would not fit the grid at once; launch_reduce).
 // MINB: the CTAs an SM must hold (registers capped to match); 6 for the one-wave form below.
-template <int NCH, int MTW, bool STAGE, int B, int MINB = 1>
+// SLOTS (with STAGE): the staged escapes through EscapeSlots.
+template <int NCH, int MTW, bool STAGE, int B, int MINB = 1, bool SLOTS = false>
 __global__ void __launch_bounds__(256 / MTW, MINB) gemm_w12_reduce_kernel(const KParams p) {
   constexpr int kT = 256 / MTW, kFrag = MTW * NCH;
   extern __shared__ __align__(16) uint8_t rsmem[];
@@ -204,8 +206,7 @@ __global__ void __launch_bounds__(256 / MTW, MINB) gemm_w12_reduce_kernel(const 
   RowData rd;
   load_row_data<MTW, !STAGE>(rd, nbase, g, p);
   int eb = 0;
-  // Slots at <= 32 tokens (EscapeSlots says why not above).
-  constexpr bool kSlots = STAGE && NCH <= 4;
+  constexpr bool kSlots = STAGE && SLOTS;
   EscapeSlots<MTW> es;
   if constexpr (STAGE) eb = stage_escapes(se, rowtile, j, kT, p);
   else if (NCH == 1) load_escape_x<MTW>(rd, t, p);  // x was complete before the GEMM started
@@ -306,9 +307,9 @@ cudaError_t fits_at_once(long ctas, int threads, int smem, bool& fits) {
   return cudaSuccess;
 }
 
-template <int NCH, int MTW, int B, int MINB = 1>
+template <int NCH, int MTW, int B, int MINB = 1, bool SLOTS = false>
 cudaError_t launch_reduce_b(const KParams& p, int tiles, cudaStream_t stream) {
-  constexpr auto staged = gemm_w12_reduce_kernel<NCH, MTW, true, B, MINB>;
+  constexpr auto staged = gemm_w12_reduce_kernel<NCH, MTW, true, B, MINB, SLOTS>;
   constexpr int threads = 256 / MTW, smem = sizeof(StagedEscapes);
   bool fits = false;
   if (cudaError_t e = fits_at_once<staged>((long)tiles * NCH, threads, smem, fits); e != cudaSuccess) return e;
@@ -318,7 +319,15 @@ cudaError_t launch_reduce_b(const KParams& p, int tiles, cudaStream_t stream) {
 }
 
 template <int NCH, int MTW>
-cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
+cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream, bool slots) {
+  // Slot forms for v4's 4-warp map at <= 32 tokens only (EscapeSlots).
+  if constexpr (NCH <= 4 && MTW == 2) {
+    if (slots) {
+      if (p.S <= 2) return launch_reduce_b<NCH, MTW, 2, 1, true>(p, tiles, stream);
+      if (p.S <= 4) return launch_reduce_b<NCH, MTW, 4, 1, true>(p, tiles, stream);
+      return launch_reduce_b<NCH, MTW, kMaxClusterSplits, 1, true>(p, tiles, stream);
+    }
+  }
   if (p.S <= 2) return launch_reduce_b<NCH, MTW, 2>(p, tiles, stream);
   if (p.S <= 4) return launch_reduce_b<NCH, MTW, 4>(p, tiles, stream);
   if constexpr (NCH == 16) {
@@ -339,24 +348,25 @@ cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream) {
 
 // The reduce kernel runs with the GEMM's CTA shape (kWide): each thread reads the partials the
 // same-numbered GEMM thread parked.
-cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStream_t stream) {
+cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStream_t stream, bool slots) {
   const bool wide = (p.flags & kWide) != 0;
-  if (tokens <= 8) return wide ? launch_reduce<1, 1>(p, tiles, stream) : launch_reduce<1, 2>(p, tiles, stream);
-  if (tokens <= 16) return wide ? launch_reduce<2, 1>(p, tiles, stream) : launch_reduce<2, 2>(p, tiles, stream);
-  if (tokens <= 32) return wide ? launch_reduce<4, 1>(p, tiles, stream) : launch_reduce<4, 2>(p, tiles, stream);
-  if (tokens <= 64) return wide ? launch_reduce<8, 1>(p, tiles, stream) : launch_reduce<8, 2>(p, tiles, stream);
+  if (tokens <= 8) return wide ? launch_reduce<1, 1>(p, tiles, stream, slots) : launch_reduce<1, 2>(p, tiles, stream, slots);
+  if (tokens <= 16) return wide ? launch_reduce<2, 1>(p, tiles, stream, slots) : launch_reduce<2, 2>(p, tiles, stream, slots);
+  if (tokens <= 32) return wide ? launch_reduce<4, 1>(p, tiles, stream, slots) : launch_reduce<4, 2>(p, tiles, stream, slots);
+  if (tokens <= 64) return wide ? launch_reduce<8, 1>(p, tiles, stream, slots) : launch_reduce<8, 2>(p, tiles, stream, slots);
   // 65..128 tokens in one pass: v4 only (4-warp partial map; v1 never launches more than 64).
-  return wide ? cudaErrorInvalidValue : launch_reduce<16, 2>(p, tiles, stream);
+  return wide ? cudaErrorInvalidValue : launch_reduce<16, 2>(p, tiles, stream, slots);
 }
 
-cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream, bool pairs_parked) {
+cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cudaStream_t stream, bool pairs_parked,
+                               bool slots) {
   KParams p{};
   set_split_pass(p, a, m0, tokens, S);
   p.ws = static_cast<float4*>(a.workspace);
   // v4 parks partials in the 4-warp map: no kWide here, whatever diagnostics a.flags carries.
   p.flags = (a.flags & ~(kReduceKernel | kPdl | kWide | kPairsParked)) | kReduceKernel | kPdl |
             (pairs_parked ? kPairsParked : 0);
-  return launch_reduce_for(p, (a.N + 127) / 128, tokens, stream);
+  return launch_reduce_for(p, (a.N + 127) / 128, tokens, stream, slots);
 }
 
 }  // namespace w12

@@ -160,8 +160,8 @@ __device__ __forceinline__ void store_fragment(const float (&v)[4], int nbase, i
 
 // The reduce kernel for the partials of tokens 0..tokens-1 that a GEMM parked in p.ws (p.S
 // slices, tiles row tiles), launched with programmatic dependent launch behind it
-// (gemm_w12_reduce_sm120.cu).
-cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStream_t stream);
+// (gemm_w12_reduce_sm120.cu). slots: the escape-slot forms where they exist (v4's map, <= 32 tokens).
+cudaError_t launch_reduce_for(const KParams& p, int tiles, int tokens, cudaStream_t stream, bool slots = false);
 
 // v1's 33-64-token kernel with 64 rows per warp (R64, gemm_w12_rows64_sm120.cu), on sm_90+ where p is
 // unsplit or has kReduceKernel; smem_min as launch_one's.

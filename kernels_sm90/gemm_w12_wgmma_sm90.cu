@@ -732,7 +732,9 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
     // Diagnostic 65536 (wrong output): no reduce kernel, so that a benchmark can tell the GEMM
     // grid's time from the reduction's (session 13, docs/perf-notes.md).
-    if (p.S > 1 && !(a.flags & 65536) && (e = gemm_reduce_launch(a, m0, tokens, sp, stream, pair)) != cudaSuccess)
+    // The reduce kernel's escape slots where the GEMM grid holds <= 2 CTAs per SM (EscapeSlots).
+    if (p.S > 1 && !(a.flags & 65536) &&
+        (e = gemm_reduce_launch(a, m0, tokens, sp, stream, pair, grid <= 2 * di.sms)) != cudaSuccess)
       return e;
   }
   return cudaSuccess;
