@@ -47,6 +47,22 @@ __device__ __forceinline__ int stage_escapes(StagedEscapes& se, int rowtile, int
   return eb;
 }
 
+// Escape e's weight and its activations for tokens m0 and (ok1) m0 + 1: from the staged table
+// (eb: the CTA's first escape; x zero past M there) or, past kStagedEscapes, from global memory.
+__device__ __forceinline__ void staged_escape(const StagedEscapes& se, int eb, int e, int t, int m0, bool ok1,
+                                              const KParams& p, float& wv, float& xv0, float& xv1) {
+  const int k = e - eb;
+  if (k < kStagedEscapes) {
+    const float2 xx = *reinterpret_cast<const float2*>(&se.x[k][2 * t]);
+    wv = se.w[k], xv0 = xx.x, xv1 = xx.y;
+  } else {
+    const int col = __ldg(p.esc_col + e);
+    wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
+    xv0 = bf16_bits_to_float(p.x[(int64_t)m0 * p.ldx + col]);
+    xv1 = ok1 ? bf16_bits_to_float(p.x[(int64_t)(m0 + 1) * p.ldx + col]) : 0.f;
+  }
+}
+
 // store_fragment with the escapes from the staged table (eb: the CTA's first escape): the same
 // operations in the same order as fix_escapes (smxx_gemm_common.cuh), so the same bits.
 template <int NCH, int MTW>
@@ -65,17 +81,8 @@ __device__ __forceinline__ void store_fragment_staged(const float (&v)[4], int n
     float x0 = v[2 * h] * pick4(rd.scale, r), x1 = v[2 * h + 1] * pick4(rd.scale, r);
     const float slot = pick4(rd.scale, r) * 0x1p-15f;
     for (int e = pick4(rd.e0, r); e < pick4(rd.e1, r); ++e) {
-      const int k = e - eb;
       float wv, xv0, xv1;
-      if (k < kStagedEscapes) {
-        const float2 xx = *reinterpret_cast<const float2*>(&se.x[k][2 * t]);  // zero past M
-        wv = se.w[k], xv0 = xx.x, xv1 = xx.y;
-      } else {
-        const int col = __ldg(p.esc_col + e);
-        wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-        xv0 = bf16_bits_to_float(p.x[(int64_t)m0 * p.ldx + col]);
-        xv1 = ok1 ? bf16_bits_to_float(p.x[(int64_t)(m0 + 1) * p.ldx + col]) : 0.f;
-      }
+      staged_escape(se, eb, e, t, m0, ok1, p, wv, xv0, xv1);
       escape_pair(x0, x1, wv, xv0, xv1, slot);
     }
     store_pair(x0, x1, rd, r, m0, ok1, n, p);
@@ -101,7 +108,8 @@ struct EscapeSlots {
 };
 
 // After stage_escapes and a barrier: every slot from the staged table (or, past kStagedEscapes,
-// from global memory; x was complete before the GEMM started).
+// from global memory; x was complete before the GEMM started). staged_escape's reads are written
+// out here: through it, ptxas scheduled the slot forms differently from the measured build.
 template <int MTW>
 __device__ __forceinline__ void fill_slots(EscapeSlots<MTW>& es, const RowData& rd, const StagedEscapes& se, int eb,
                                            int j, const KParams& p) {
@@ -159,17 +167,8 @@ __device__ __forceinline__ void store_fragment_slots(const float (&v)[4], int nb
       }
     const float slot = pick4(rd.scale, r) * 0x1p-15f;
     for (int e = e0 + kSlotEscapes; e < e1; ++e) {
-      const int k = e - eb;
       float wv, xv0, xv1;
-      if (k < kStagedEscapes) {
-        const float2 xx = *reinterpret_cast<const float2*>(&se.x[k][2 * t]);
-        wv = se.w[k], xv0 = xx.x, xv1 = xx.y;
-      } else {
-        const int col = __ldg(p.esc_col + e);
-        wv = bf16_bits_to_float(static_cast<uint16_t>(__ldg(p.esc_val + e)));
-        xv0 = bf16_bits_to_float(p.x[(int64_t)m0 * p.ldx + col]);
-        xv1 = ok1 ? bf16_bits_to_float(p.x[(int64_t)(m0 + 1) * p.ldx + col]) : 0.f;
-      }
+      staged_escape(se, eb, e, t, m0, ok1, p, wv, xv0, xv1);
       escape_pair(x0, x1, wv, xv0, xv1, slot);
     }
     store_pair(x0, x1, rd, r, m0, ok1, n, p);
