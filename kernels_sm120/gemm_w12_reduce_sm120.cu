@@ -143,7 +143,8 @@ __device__ __forceinline__ void fill_slots(EscapeSlots<MTW>& es, const RowData& 
 }
 
 // store_fragment_staged with each row's first kSlotEscapes escapes from the slots (escape_pair's
-// adds on its products), the rest, rare, from the staged table as there.
+// adds on its products), the rest, rare, from the staged table as there. Its own copy of that
+// loop: one function for both (the slot adds passed in) changed the SASS of every staged form.
 template <int NCH, int MTW>
 __device__ __forceinline__ void store_fragment_slots(const float (&v)[4], int nbase, int mtl, int j, const RowData& rd,
                                                      const float (&ws)[2][kSlotEscapes][2],
