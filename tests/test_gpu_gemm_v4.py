@@ -307,6 +307,34 @@ def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("per_row", [0.5, 3.0])
+def test_v4_reduce_escape_slots(per_row, monkeypatch):
+    # At <= 32 tokens behind split grids of <= 2 CTAs per SM the reduce kernel adds each row's
+    # first two escapes from per-row slots of products filled before its wait, the rest in a loop
+    # (session 33). 0.5 escapes per row: mostly 0-2 per row; 3 per row: rows past two, and more
+    # than a row tile's staged table holds (256), so slots and loop both read global memory too.
+    # The same bits as 64 tokens (no slots) and close to the FP64 reference.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k = 4096, 4096
+    s = cuda_ops.splits(n, k, DEV, 4)
+    if not (s > 1 and (n // 128) * s <= 2 * sms):
+        pytest.skip(f"[{n}, {k}] runs {s} slices of {n // 128} row tiles on {sms} SMs: no slot form here")
+    gen = torch.Generator().manual_seed(330 + int(per_row * 2))
+    wt = _escape_weight(n, k, per_row, gen)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(64, k, generator=gen).to(torch.bfloat16).to(DEV)
+    bias = torch.randn(n, generator=gen).to(DEV)
+    full, fullb = w12.linear(x, w), w12.linear(x, w, bias)
+    _assert_close(full, _ref(x, wt.to(DEV)), x, wt.to(DEV))
+    for m in (1, 2, 7, 8, 9, 16, 17, 32):
+        assert cuda_ops.wholek_stages(n, k, m, DEV) == 0, f"M={m} runs whole-K clusters, not the reduce kernel"
+        part = w12.linear(x[:m].clone(), w).view(torch.int16)
+        assert torch.equal(part, full[:m].view(torch.int16)), f"rows at M={m} (slots) differ from M=64"
+    assert torch.equal(w12.linear(x[:8].clone(), w, bias).view(torch.int16), fullb[:8].view(torch.int16)), "bias"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("m", [1, 3, 17, 40, 128])
 @pytest.mark.parametrize("pad", [12, 13, 14])
 @pytest.mark.parametrize("tail", [36, 38])
