@@ -13,8 +13,9 @@
 // on unsplit grids at <= 16 tokens (16), whole-K clusters for down-like weights at 1-16 tokens (15,
 // gemm_w12_wholek_sm90.cu), the split ring of row-tile-pair grids at 65-128 tokens (18), the
 // balanced unsplit grid at <= 32 tokens (BAL, 20), bulk-copied records where BAL would run at 1-2
-// tokens (BULK, 22). The unsplit grids' shared-memory epilogue at 33-128 tokens applies the escapes
-// with the whole CTA (24, store_rows_smem). Its bits differ from v1's (about 2-4e-4 of the
+// tokens (BULK, 22), m-tile x pair CTAs for qkv-like weights at 1-16 tokens (KW, 34). The unsplit
+// grids' shared-memory epilogue at 33-128 tokens applies the escapes with the whole CTA (24,
+// store_rows_smem). Its bits differ from v1's (about 2-4e-4 of the
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every M
 // or for none.
 //
@@ -91,10 +92,16 @@ struct V4Blocks {
 // PAIR (session 17): each CTA of a split grid runs two consecutive K slices (2j, 2j+1) one after
 // the other, each from zero, adds the pair (add_slice's order) and parks one partial for the two:
 // half the CTAs, half the partials written and read, the same bits. Plain loop, WG <= 2 only.
-template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false, int XS = 0>
+// KW (session 34): the two warpgroups of a CTA hold the same 64-row m-tile over the two slices of
+// a pair (warpgroup w: slice 2j + w), each with its own activation tile per stage, and add the
+// pair through shared memory before parking it: the split grid's CTAs, bytes and warps per CTA
+// (qkv [6144, 4096]: 384 CTAs of 8 records) with half its partials, the same bits. Plain loop,
+// WG = 2, slices of equal length only; taken at <= 16 tokens (the launcher says where and why).
+template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false, int XS = 0, bool KW = false>
 __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<WG, NCH>::value)
     gemm_w12_wgmma_kernel(const WParams p) {
 #if W12_WGMMA
+  static_assert(!KW || (WG == 2 && !OVERLAP && !DEEP && !PAIR && XS == 0), "KW: the plain two-warpgroup loop");
   constexpr int NTH = kThreads * WG;    // threads per CTA
   constexpr int MTW = WG == 1 ? 2 : 1;  // m-tiles per thread
   constexpr int RT = WG == 4 ? 2 : 1;   // row tiles per CTA
@@ -109,7 +116,8 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // XS = 0: one ring of STAGES slots holding both, per-thread cp.async for both.
   constexpr bool kSplit = XS > 0;
   static_assert(!(kSplit && DEEP), "the deep loop keeps one ring");
-  constexpr int kStage = kSplit ? RT * kRec : RT * kRec + kX;  // record-ring stride
+  constexpr int kXT = KW ? 2 : 1;  // activation tiles per stage (KW: one per warpgroup)
+  constexpr int kStage = kSplit ? RT * kRec : RT * kRec + kXT * kX;  // record-ring stride
   constexpr int kXDist = kSplit ? XS - 1 : STAGES - 1;  // activation tiles in flight after a refill
   constexpr int kXBase = STAGES * kStage;                // split ring: the activation slots
   constexpr int ND = T / 2;             // accumulator floats per m-tile per thread
@@ -132,7 +140,7 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // quarter and m-tile), the same bytes, decode and wgmma as the 128-row CTA's warp for that slice,
   // so the same bits (wgmma's rows are independent of their place in the 64-row tile). Warps past
   // the CTA's share copy nothing, multiply whatever their ring holds and store nothing.
-  constexpr bool kBalForm = WG == 2 && NCH <= 4 && !OVERLAP && !DEEP && !PAIR && XS == 0;
+  constexpr bool kBalForm = WG == 2 && NCH <= 4 && !OVERLAP && !DEEP && !PAIR && XS == 0 && !KW;
   const bool bal = kBalForm && p.bal;
   // (32-bit: the launcher takes it for < 2 x SMs row tiles and 2 x SMs CTAs; no division otherwise.)
   const unsigned bal_total = (p.N + 15) >> 4, bal_sl = bal ? blockIdx.x * bal_total / gridDim.x + (tid >> 5) : 0u;
@@ -140,17 +148,23 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // mt0: this thread's first m-tile
   const int quarter = bal ? (bal_sl >> 1) & 3 : (tid >> 5) & 3, mt0 = bal ? bal_sl & 1 : WG == 1 ? 0 : (tid >> 7) & 1;
   const int rtl = WG == 4 ? tid >> 8 : 0;  // this thread's row tile within the CTA
-  const int SP = PAIR ? (p.S + 1) / 2 : p.S;  // CTAs (and parked partials) per row tile
+  const int SP = (PAIR || KW) ? (p.S + 1) / 2 : p.S;  // parked partials per row tile
+  const int CPT = KW ? 2 * SP : SP;                    // CTAs per row tile (KW: one per m-tile and pair)
   // This CTA among the row-tile CTAs (after the XT helpers; below 33 tokens there are none).
   const unsigned bid = NCH >= 8 ? blockIdx.x - p.xth : blockIdx.x;
-  const int rowtile = bal ? (bal_ok ? (int)(bal_sl >> 3) : 0) : (bid / SP) * RT + rtl, split = bal ? 0 : bid % SP;
+  const int rowtile = bal ? (bal_ok ? (int)(bal_sl >> 3) : 0) : (bid / CPT) * RT + rtl,
+            split = bal ? 0 : KW ? (bid % CPT) % SP : bid % SP;
+  // KW: the CTA's m-tile (as the record and the partial map hold it); its warpgroup w's own
+  // shared-memory places are m-tile w's, as in the two-warpgroup CTA.
+  const int wkw = KW ? tid >> 7 : 0, mtg = KW ? (int)((bid % CPT) / SP) : mt0;
   // An odd last row tile leaves the second of its pair empty: those warpgroups copy nothing,
   // multiply whatever their ring holds and store nothing, but keep every barrier.
   const bool rt_ok = bal ? bal_ok : RT == 1 || rowtile * 128 < p.N;
-  const int kt0 = (PAIR ? 2 * split : split) * p.kper;
+  const int kt0 = ((PAIR || KW) ? 2 * split : split) * p.kper;
   const int nrec1 = min(p.KT - kt0, p.kper);                   // the (first) slice's records
   const int nrec = PAIR ? min(p.KT - kt0, 2 * p.kper) : nrec1;  // PAIR: both slices'
-  const uint8_t* rec0 = p.records + ((size_t)(rt_ok ? rowtile : 0) * p.KT + kt0) * kRec;
+  const int ktw = kt0 + wkw * p.kper;                          // this warpgroup's slice (KW)
+  const uint8_t* rec0 = p.records + ((size_t)(rt_ok ? rowtile : 0) * p.KT + ktw) * kRec;
   // With PDL this grid may start while the previous kernel still runs: nothing it reads may be
   // touched before the wait (records included: a kernel before this one may have written them).
   if (p.pdl) pdl_wait();
@@ -160,6 +174,8 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // Fragment bytes of m-tile mt: hi q = 2mt, 2mt + 1 (512 B apart), lo likewise (256 B apart).
   // (In the record; in the stage the record of row tile rtl starts at rtl * kRec.)
   const uint32_t hi_off = quarter * 2048 + lane * 16 + mt0 * 1024, lo_off = 8192 + quarter * 1024 + lane * 8 + mt0 * 512;
+  // ...and in the record in global memory (KW: the CTA's m-tile mtg, not the warpgroup's).
+  const uint32_t hi_g = KW ? hi_off + (mtg - mt0) * 1024 : hi_off, lo_g = KW ? lo_off + (mtg - mt0) * 512 : lo_off;
 
   // B tile (layout 2: x in column order) as T rows of 128 B, one per token, in the 128-byte
   // swizzle: chunk ch (columns 8ch..8ch+7) of token r at r * 128 + ((ch ^ (r & 7)) << 4), i.e.
@@ -169,16 +185,18 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // tokens x 4 chunks per warp through L1 cost 32 shared-memory wavefronts per instruction
   // instead of 4 (7.3 M for gate_up at 64 tokens, 61 % of all) and left v4 MIO-bound.
   // Rows >= M are zeroed once below and never copied.
-  constexpr int kXU = (T * 8 + NTH - 1) / NTH;  // pieces per thread (T = 8: 64 pieces)
-  constexpr int kXRows = NTH / 8;               // token rows between a thread's pieces (16, 32, 64)
-  const int xr0 = tid >> 3, xc0 = tid & 7;
+  // KW: each warpgroup copies its own tile (its slice's columns) with its 128 threads.
+  constexpr int kXN = KW ? kThreads : NTH;      // threads copying one tile
+  constexpr int kXU = (T * 8 + kXN - 1) / kXN;  // pieces per thread (T = 8: 64 pieces)
+  constexpr int kXRows = kXN / 8;               // token rows between a thread's pieces (16, 32, 64)
+  const int xtid = KW ? tid & (kThreads - 1) : tid, xr0 = xtid >> 3, xc0 = xtid & 7;
   const bool x_mine = xr0 < T;  // T = 8: threads 0..63
-  const uint32_t xdst0 = RT * kRec + xr0 * 128 + ((xc0 ^ (xr0 & 7)) << 4);
+  const uint32_t xdst0 = RT * kRec + wkw * kX + xr0 * 128 + ((xc0 ^ (xr0 & 7)) << 4);
   const int xoff0 = xr0 * (int)p.ldx + 8 * xc0;  // ldx < 2^24 (gemm_check_args)
   // Piece u: kXRows * u rows further down, same chunk and the same swizzle (kXRows % 8 == 0).
   auto xrow = [](int u) { return kXRows * u; };
-  const uint8_t* hi_src = rec0 + hi_off;
-  const uint8_t* lo_src = rec0 + lo_off;
+  const uint8_t* hi_src = rec0 + hi_g;
+  const uint8_t* lo_src = rec0 + lo_g;
 
   // The split ring's record barriers (one per slot, one arrival: thread 0's expect_tx).
   __shared__ __align__(8) uint64_t full_bar[kSplit ? STAGES : 1];
@@ -201,7 +219,7 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
 #pragma unroll
       for (int q = 0; q < 2 * MTW; ++q) cp_async8(dst + rtl * kRec + lo_off + q * 256, ls + q * 256);
     }
-    const uint16_t* xs = p.x + (int64_t)(kt0 + i) * 64;
+    const uint16_t* xs = p.x + (int64_t)(ktw + i) * 64;
 #pragma unroll
     for (int u = 0; u < kXU; ++u)
       if (x_mine && xr0 + xrow(u) < p.M && !((p.diag & 1) && i >= STAGES))
@@ -315,7 +333,7 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
     cp_async_commit();
     wr_slot = wr_slot == STAGES - 1 ? 0 : wr_slot + 1;
     wgmma_fence();
-    const uint32_t xb = sbase + (kSplit ? kXBase + xslot * kX : slot * kStage + RT * kRec);
+    const uint32_t xb = sbase + (kSplit ? kXBase + xslot * kX : slot * kStage + RT * kRec + wkw * kX);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const uint64_t desc = smem_desc_sw128(xb + 32 * ks);
@@ -372,6 +390,20 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
 #pragma unroll
     for (int k = 0; k < ND; ++k) pin(acc[mt][k]);
   cp_async_wait<0>();
+  if constexpr (KW) {
+    // The pair's sum, p_2j + p_2j+1 (add_slice's first add), in warpgroup 0; warpgroup 1 hands
+    // its partial over through stage 0 (every wgmma of both retired, every copy landed).
+    float* xch = reinterpret_cast<float*>(smem) + (tid & (kThreads - 1));
+    __syncthreads();
+    if (wkw == 1) {
+#pragma unroll
+      for (int k = 0; k < ND; ++k) xch[k * kThreads] = acc[0][k];
+    }
+    __syncthreads();
+    if (wkw == 1) return;
+#pragma unroll
+    for (int k = 0; k < ND; ++k) acc[0][k] = __fadd_rn(acc[0][k], xch[k * kThreads]);
+  }
 
   // Epilogue of fragment (mt, j): rows nbase + 16mt + g (+8), tokens 8j + 2t (+1).
   const int nbase = rowtile * 128 + quarter * 32;
@@ -426,18 +458,18 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int j = 0; j < NCH; ++j)
-      st_global_policy(mine + ((mt0 + mt) * NCH + j) * kThreads,
+      st_global_policy(mine + ((mtg + mt) * NCH + j) * kThreads,
                        make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]), keep);
 #endif
 }
 
 // smem_min: shared memory asked for beyond the ring, to cap the CTAs an SM holds (PDL, below).
-template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false, int XS = 0>
+template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false, int XS = 0, bool KW = false>
 cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stream) {
   constexpr int rt = WG == 4 ? 2 : 1;
-  int smem = max(XS ? STAGES * rt * kRec + XS * NCH * 8 * 128 : STAGES * (rt * kRec + NCH * 8 * 128), smem_min);
+  int smem = max(XS ? STAGES * rt * kRec + XS * NCH * 8 * 128 : STAGES * (rt * kRec + (KW ? 2 : 1) * NCH * 8 * 128), smem_min);
   if (NCH >= 8 && p.S == 1) smem = max(smem, epilogue_smem_bytes(NCH, rt));
-  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG, DEEP, PAIR, XS>;
+  constexpr auto kern = gemm_w12_wgmma_kernel<NCH, STAGES, OVERLAP, WG, DEEP, PAIR, XS, KW>;
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
@@ -450,7 +482,8 @@ cudaError_t launch_w(const WParams& p, int grid, int smem_min, cudaStream_t stre
 // thread).
 template <int NCH>
 cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int grid, int smem_min,
-                        cudaStream_t stream, bool pair = false, bool split_ring = false) {
+                        cudaStream_t stream, bool pair = false, bool split_ring = false, bool kw = false) {
+  // (kw: NCH <= 2 only.)
   if constexpr (NCH == 1) {
     // Bulk-copied records at 1-2 tokens (BULK below): the split ring, 4 record slots, 3
     // activation-tile slots.
@@ -459,6 +492,11 @@ cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int 
   if constexpr (NCH == 16) {
     // The split ring: 3 record slots (72 KB), 6 activation-tile slots (96 KB).
     if (split_ring) return launch_w<16, 3, true, 4, false, false, 6>(p, grid, smem_min, stream);
+  }
+  if constexpr (NCH <= 2) {
+    if (kw)
+      return stages == 3 ? launch_w<NCH, 3, false, 2, false, false, 0, true>(p, grid, smem_min, stream)
+                         : launch_w<NCH, 4, false, 2, false, false, 0, true>(p, grid, smem_min, stream);
   }
   if constexpr (NCH <= 8) {
     if (pair)
@@ -493,9 +531,9 @@ cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int 
 constexpr int kSmemReservedPerCta = 1024;
 
 // Shared memory per CTA (ring, 1 KB reserved per CTA) at `stages` deep for 8*nch tokens and rt
-// row tiles per CTA.
-static int ring_bytes(int stages, int nch, int rt = 1) {
-  return stages * (rt * kRec + nch * 8 * 128) + kSmemReservedPerCta;
+// row tiles per CTA; xt activation tiles per stage (KW: 2).
+static int ring_bytes(int stages, int nch, int rt = 1, int xt = 1) {
+  return stages * (rt * kRec + xt * nch * 8 * 128) + kSmemReservedPerCta;
 }
 
 // Self-test of the wgmma building blocks above, independent of the W12 decode: D[64x16] = A B^T
@@ -648,7 +686,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // 512: every split grid up to 64 tokens, 128: never. Same bits (add_slice's order).
     const int tiles = (nt + rt - 1) / rt;
     const bool pair = wg == 2 && pair_grid(nt, p.S, tokens, di.sms, a.flags);
-    const int sp = pair ? (p.S + 1) / 2 : p.S;  // CTAs (parked partials) per row tile
+    const int sp = pair ? (p.S + 1) / 2 : p.S;  // CTAs per row tile
     int grid = tiles * sp;
     // The overlap form (decode of record i+1 behind record i's wgmma): diagnostic 64 up to 64
     // tokens; the default at 65..128, where the four m64n128k16 per record are long enough that
@@ -660,7 +698,16 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // tokens. Session 9, same-call A/B of 3 against 4 stages: 3 won on the many-CTA grids at <= 16
     // tokens (gate_up M = 1 51.9 -> 48.4 us, lm_head 187.6 -> 183.6, qkv 14.2 -> 14.0), 4 on the
     // small ones (o 11.1 -> 10.9, down 29.5 -> 28.7) and on gate_up at 64 tokens (77.7 -> 72.4).
-    int st = wave_stages(grid, di, ring_bytes(3, nch, rt), nch == 8);
+    // KW (session 34, docs/perf-notes.md): at <= 16 tokens, where the plain two-warpgroup loop
+    // would run a split grid of an even number of equal slices at three CTAs per SM (qkv [6144,
+    // 4096]: 384 CTAs), the same CTAs as m-tile x pair CTAs that park one partial per pair, so that
+    // the reduce kernel's 4-partial slot form fits beside them (below). Same call, three rounds:
+    // qkv -0.42..0.52 us at 1-16 tokens; o (two CTAs per SM) level at 1-8; o +0.5 / +2.2 and down
+    // +0.7 / +9 us at 32 / 64 tokens (each warpgroup's own activation tile per stage). Same bits
+    // (add_slice's order). (Not where the DEEP loop runs, below.)
+    bool kw = wg == 2 && !pair && !ov && p.S >= 2 && p.S % 2 == 0 && p.S * p.kper == kt && nch <= 2 &&
+              (long)nt * p.S > 2L * di.sms;
+    int st = wave_stages(grid, di, ring_bytes(3, nch, rt, kw ? 2 : 1), nch == 8);
     if (a.stages == 3 || a.stages == 4) st = a.stages;
     // The DEEP loop (6 stages) for K slices of <= 8 records at 9..16 tokens where the grid holds
     // <= 2 CTAs per SM (o [4096, 4096]: S = 8, 256 CTAs). Session 16 (docs/perf-notes.md), same
@@ -672,6 +719,9 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     const bool deep_fits = nch <= 2 && wg == 2 && !ov && !pair && a.stages == 0 && !(a.flags & kNoDeep);
     if (deep_fits && ((a.flags & kDeep) || (nch == 2 && p.S > 1 && p.kper <= 8 && grid <= 2 * di.sms)))
       st = kDeepStages;
+    if (st == kDeepStages) kw = false;
+    const int xt = kw ? 2 : 1;
+    const int parts = kw ? p.S / 2 : sp;  // parked partials per row tile
     // The balanced unsplit grid (BAL, session 20) at <= 32 tokens where the 128-row tiles leave
     // some SMs two and others one (gate_up [28672, 4096]: 224 tiles, two on 92 of 132 SMs): 2 x SMs
     // CTAs of 6-7 16-row slices, at most two per SM (the shared-memory cap below). Same call,
@@ -713,7 +763,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // (The balanced grid's even spread needs the cap with or without PDL.)
     if (p.pdl || p.bal) {
       const int cap = (grid + di.sms - 1) / di.sms;
-      if (cap < di.smem_sm / ring_bytes(st, nch, rt))
+      if (cap < di.smem_sm / ring_bytes(st, nch, rt, xt))
         smem_min = di.smem_sm / (cap + 1) - kSmemReservedPerCta + 1;
     }
     // The split ring (session 18, docs/perf-notes.md) for row-tile pairs at 65..128 tokens: the
@@ -724,17 +774,20 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // weight (o +0.4..4 us), so those keep one ring. Diagnostic 4096: never. Same bits (the same
     // wgmma in the same order).
     const bool sr = nch == 16 && wg == 4 && ov && !(a.flags & 4096);
-    if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec);
-    else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair);
+    if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec, kw);
+    else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair, false, kw);
     else if (nch == 4) e = launch_pick<4>(st, ov, wg, p, grid, smem_min, stream, pair);
     else if (nch == 8) e = launch_pick<8>(st, ov, wg, p, grid, smem_min, stream, pair);
     else e = launch_pick<16>(st, ov, wg, p, grid, smem_min, stream, false, sr);
     if (e != cudaSuccess) return e;
     // Diagnostic 65536 (wrong output): no reduce kernel, so that a benchmark can tell the GEMM
     // grid's time from the reduction's (session 13, docs/perf-notes.md).
-    // The reduce kernel's escape slots where the GEMM grid holds <= 2 CTAs per SM (EscapeSlots).
+    // The reduce kernel's escape slots (EscapeSlots) where the GEMM grid holds <= 2 CTAs per SM,
+    // or 3 and <= 4 partials (the 4-partial slot form's 114 registers fit beside them: each SM
+    // sub-partition keeps 4096 of its 16384 for a warp after six 64-register GEMM warps).
+    const bool slots = grid <= 2 * di.sms || (grid <= 3 * di.sms && parts <= 4);
     if (p.S > 1 && !(a.flags & 65536) &&
-        (e = gemm_reduce_launch(a, m0, tokens, sp, stream, pair, grid <= 2 * di.sms)) != cudaSuccess)
+        (e = gemm_reduce_launch(a, m0, tokens, parts, stream, pair || kw, slots)) != cudaSuccess)
       return e;
   }
   return cudaSuccess;

@@ -307,6 +307,34 @@ def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 40, 64])
+@pytest.mark.parametrize("n", [4096, 6144, 6221])
+def test_v4_kw_pairs_in_one_cta(n, m, monkeypatch):
+    # KW (session 34): at <= 16 tokens a split grid of an even number of equal slices at three
+    # CTAs per SM that would run the plain two-warpgroup loop runs m-tile x pair CTAs instead:
+    # warpgroup w takes slice 2j + w of one 64-row m-tile, the pair is added in shared memory and
+    # parked once (qkv-like [6144, 4096]; 6221 rows: a last tile of 77 rows, its second m-tile
+    # partly past N). The o-like [4096, 4096] (two CTAs per SM) and 17-64 tokens run the other
+    # forms, and rows at 65-128 tokens park every slice: the same bits as M = 100, with and
+    # without bias, and close to the FP64 reference.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    k = 4096
+    s = cuda_ops.splits(n, k, DEV, 4)
+    if not (s >= 2 and s % 2 == 0 and ((k + 63) // 64) % s == 0):
+        pytest.skip(f"[{n}, {k}] runs {s} slices: no KW grid")
+    gen = torch.Generator().manual_seed(340 + n + m)
+    wt = _escape_weight(n, k, 0.5, gen)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(100, k, generator=gen).to(torch.bfloat16).to(DEV)
+    bias = torch.randn(n, generator=gen).to(DEV)
+    full, fullb = w12.linear(x, w), w12.linear(x, w, bias)
+    part, partb = w12.linear(x[:m].clone(), w), w12.linear(x[:m].clone(), w, bias)
+    _assert_close(part, _ref(x[:m], wt.to(DEV)), x[:m], wt.to(DEV))
+    assert torch.equal(part.view(torch.int16), full[:m].view(torch.int16)), f"rows at M={m} differ from M=100"
+    assert torch.equal(partb.view(torch.int16), fullb[:m].view(torch.int16)), f"rows at M={m} with bias"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("per_row", [0.5, 3.0])
 def test_v4_reduce_escape_slots(per_row, monkeypatch):
     # At <= 32 tokens behind split grids of <= 2 CTAs per SM the reduce kernel adds each row's
