@@ -706,7 +706,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // +0.7 / +9 us at 32 / 64 tokens (each warpgroup's own activation tile per stage). Same bits
     // (add_slice's order). (Not where the DEEP loop runs, below.)
     bool kw = wg == 2 && !pair && !ov && p.S >= 2 && p.S % 2 == 0 && p.S * p.kper == kt && nch <= 2 &&
-              (long)nt * p.S > 2L * di.sms && (long)nt * p.S <= 3L * di.sms;
+              (long)nt * p.S > 2L * di.sms;
     int st = wave_stages(grid, di, ring_bytes(3, nch, rt, kw ? 2 : 1), nch == 8);
     if (a.stages == 3 || a.stages == 4) st = a.stages;
     // The DEEP loop (6 stages) for K slices of <= 8 records at 9..16 tokens where the grid holds
