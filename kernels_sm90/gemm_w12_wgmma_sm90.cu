@@ -699,9 +699,10 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // tokens (gate_up M = 1 51.9 -> 48.4 us, lm_head 187.6 -> 183.6, qkv 14.2 -> 14.0), 4 on the
     // small ones (o 11.1 -> 10.9, down 29.5 -> 28.7) and on gate_up at 64 tokens (77.7 -> 72.4).
     // KW (session 34, docs/perf-notes.md): at <= 16 tokens, where the plain two-warpgroup loop
-    // would run a split grid of an even number of equal slices at three CTAs per SM (qkv [6144,
-    // 4096]: 384 CTAs), the same CTAs as m-tile x pair CTAs that park one partial per pair, so that
-    // the reduce kernel's 4-partial slot form fits beside them (below). Same call, three rounds:
+    // would run a split grid of an even number of equal slices at more than two CTAs per SM (qkv
+    // [6144, 4096]: 384 CTAs, three per SM, the only such grid measured), the same CTAs as m-tile
+    // x pair CTAs that park one partial per pair, so that the reduce kernel's 4-partial slot form
+    // fits beside them (below). Same call, three rounds:
     // qkv -0.42..0.52 us at 1-16 tokens; o (two CTAs per SM) level at 1-8; o +0.5 / +2.2 and down
     // +0.7 / +9 us at 32 / 64 tokens (each warpgroup's own activation tile per stage). Same bits
     // (add_slice's order). (Not where the DEEP loop runs, below.)

@@ -310,8 +310,8 @@ def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
 @pytest.mark.parametrize("m", [1, 3, 16, 17, 40, 64])
 @pytest.mark.parametrize("n", [4096, 6144, 6221])
 def test_v4_kw_pairs_in_one_cta(n, m, monkeypatch):
-    # KW (session 34): at <= 16 tokens a split grid of an even number of equal slices at three
-    # CTAs per SM that would run the plain two-warpgroup loop runs m-tile x pair CTAs instead:
+    # KW (session 34): at <= 16 tokens a split grid of an even number of equal slices at more than
+    # two CTAs per SM that would run the plain two-warpgroup loop runs m-tile x pair CTAs instead:
     # warpgroup w takes slice 2j + w of one 64-row m-tile, the pair is added in shared memory and
     # parked once (qkv-like [6144, 4096]; 6221 rows: a last tile of 77 rows, its second m-tile
     # partly past N). The o-like [4096, 4096] (two CTAs per SM) and 17-64 tokens run the other
