@@ -13,7 +13,8 @@
 // on unsplit grids at <= 16 tokens (16), whole-K clusters for down-like weights at 1-16 tokens (15,
 // gemm_w12_wholek_sm90.cu), the split ring of row-tile-pair grids at 65-128 tokens (18), the
 // balanced unsplit grid at <= 32 tokens (BAL, 20), bulk-copied records where BAL would run at 1-2
-// tokens (BULK, 22), m-tile x pair CTAs for qkv-like weights at 1-16 tokens (KW, 34). The unsplit
+// tokens (BULK, 22), m-tile x pair CTAs for qkv-like weights at 1-16 tokens (KW, 34), BAL's
+// CTAs as the last round of a multi-round unsplit grid at <= 32 tokens (BALT, 35). The unsplit
 // grids' shared-memory epilogue at 33-128 tokens applies the escapes with the whole CTA (24,
 // store_rows_smem). Its bits differ from v1's (about 2-4e-4 of the
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every M
@@ -141,17 +142,25 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // so the same bits (wgmma's rows are independent of their place in the 64-row tile). Warps past
   // the CTA's share copy nothing, multiply whatever their ring holds and store nothing.
   constexpr bool kBalForm = WG == 2 && NCH <= 4 && !OVERLAP && !DEEP && !PAIR && XS == 0 && !KW;
-  const bool bal = kBalForm && p.bal;
-  // (32-bit: the launcher takes it for < 2 x SMs row tiles and 2 x SMs CTAs; no division otherwise.)
-  const unsigned bal_total = (p.N + 15) >> 4, bal_sl = bal ? blockIdx.x * bal_total / gridDim.x + (tid >> 5) : 0u;
-  const bool bal_ok = bal && bal_sl < (blockIdx.x + 1) * bal_total / gridDim.x;
+  // This CTA among the row-tile CTAs (after the XT helpers; below 33 tokens there are none).
+  const unsigned bid = NCH >= 8 ? blockIdx.x - p.xth : blockIdx.x, nbid = NCH >= 8 ? gridDim.x - p.xth : gridDim.x;
+  // BALT (session 35): the CTAs from bal0 = p.bal - 1 on deal out the slices of tiles bal0.. (the
+  // last round of a multi-round grid), the first bal0 CTAs are 128-row CTAs on tiles 0..bal0-1.
+  const unsigned bal0 = p.bal - 1u;
+  const bool bal = kBalForm && p.bal && bid >= bal0;
+  // The balanced CTA b's slices: [first(b), first(b + 1)). (32-bit: the launcher keeps slices x
+  // balanced CTAs below 2^32; no division otherwise.)
+  auto bal_first = [&](unsigned b, unsigned nb) {
+    const unsigned f = 8u * bal0;
+    return f + (b - bal0) * (((unsigned)(p.N + 15) >> 4) - f) / (nb - bal0);
+  };
+  const unsigned bal_sl = bal ? bal_first(bid, nbid) + (tid >> 5) : 0u;
+  const bool bal_ok = bal && bal_sl < bal_first(bid + 1, nbid);
   // mt0: this thread's first m-tile
   const int quarter = bal ? (bal_sl >> 1) & 3 : (tid >> 5) & 3, mt0 = bal ? bal_sl & 1 : WG == 1 ? 0 : (tid >> 7) & 1;
   const int rtl = WG == 4 ? tid >> 8 : 0;  // this thread's row tile within the CTA
   const int SP = (PAIR || KW) ? (p.S + 1) / 2 : p.S;  // parked partials per row tile
   const int CPT = KW ? 2 * SP : SP;                    // CTAs per row tile (KW: one per m-tile and pair)
-  // This CTA among the row-tile CTAs (after the XT helpers; below 33 tokens there are none).
-  const unsigned bid = NCH >= 8 ? blockIdx.x - p.xth : blockIdx.x;
   const int rowtile = bal ? (bal_ok ? (int)(bal_sl >> 3) : 0) : (bid / CPT) * RT + rtl,
             split = bal ? 0 : KW ? (bid % CPT) % SP : bid % SP;
   // KW: the CTA's m-tile (as the record and the partial map hold it); its warpgroup w's own
@@ -745,6 +754,29 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     if (bal_shape && !bulk_rec) {
       p.bal = 1;
       grid = 2 * di.sms;
+    }
+    // BALT (session 35, docs/perf-notes.md): unsplit grids of >= 2 tiles per SM at <= 32 tokens
+    // whose last round of CTAs would leave places empty run their full rounds as 128-row CTAs and
+    // deal the last round's 16-row slices out over a round of CTAs that fills every place (BAL's
+    // CTAs from bal0 on), where that round would be at least half full: 32B [51200, 5120] (400
+    // tiles in places for 4 x 132, so 3 or 4 per SM: one round dealt out) and lm_head [128256,
+    // 4096] (1002 tiles: 528 128-row CTAs, then 474 tiles dealt out). Places: 4 per SM (the plain
+    // two-warpgroup CTA's launch bounds) where the ring allows. Same call, separate processes,
+    // two and three rounds: 32B [51200, 5120] -2.0..2.2 us at 1-4 tokens, -2.7..4.3 at 8-16,
+    // -9.3..12.4 at 24-32; lm_head -0.4..1.5 at 1-4, level at 8-16, -1.3..3.0 at 24-32. At 33-64
+    // tokens (3 places per SM, the shared-memory epilogue over a CTA's consecutive slices) it was
+    // slower on both, by 6-8 and 19-32 us, also with every round dealt out. Diagnostic 8192:
+    // never. Same bits (BAL's).
+    const bool balt_shape = p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) &&
+                            nt >= 2 * di.sms;
+    if (balt_shape) {
+      const int per_sm = min(4, di.smem_sm / ring_bytes(st, nch));
+      const long places = (long)per_sm * di.sms, rounds = (nt + places - 1) / places;
+      const long last = nt - (rounds - 1) * places;  // tiles in the last round
+      if (per_sm >= 1 && last < places && 2 * last >= places && (long)nt * 8 * places < (1L << 32)) {
+        p.bal = 1 + (int)((rounds - 1) * places);
+        grid = (int)(rounds * places);
+      }
     }
     // XT helpers (see xt_of): 4 of x's 64-column blocks each, ahead of the row-tile CTAs.
     p.xth = p.S == 1 && p.ws != nullptr ? (kt + kXtBlocksPerHelper - 1) / kXtBlocksPerHelper : 0;

@@ -27,7 +27,7 @@ struct WParams : GemmOperands {
             // S = 1 epilogue at every M (same bits)
   int64_t ldx, ldy;
   float4* ws;  // S > 1: partial sums in v1's order, summed by v1's reduce kernel (gemm_reduce_launch)
-  int bal;     // the balanced unsplit grid (gemm_w12_wgmma_sm90.cu: BAL)
+  int bal;     // the balanced unsplit grid (gemm_w12_wgmma_sm90.cu: BAL): 0, or 1 + its first CTA
   int xth;     // XT helper CTAs at the start of the grid (gemm_w12_wgmma_sm90.cu: XT); 0 elsewhere
 };
 

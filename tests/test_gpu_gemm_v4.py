@@ -184,12 +184,17 @@ def test_v4_pair_grid_changes_no_bit(n, k, bias, m, monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
-@pytest.mark.parametrize("m", [1, 3, 9, 16, 17, 32])
-@pytest.mark.parametrize("tiles_per_sm,k,bias", [(1.7, 512, True), (1.62, 320, False), (1.95, 256, True)])
+@pytest.mark.parametrize("m", [1, 3, 9, 16, 17, 32, 33])
+@pytest.mark.parametrize(
+    "tiles_per_sm,k,bias",
+    [(1.7, 512, True), (1.62, 320, False), (1.95, 256, True), (3.03, 192, True), (7.6, 128, False), (11.5, 64, True)],
+)
 def test_v4_balanced_grid_changes_no_bit(tiles_per_sm, k, bias, m, monkeypatch):
     # Unsplit weights of between one and two 128-row tiles per SM (gate_up's 224 on 132 SMs) run at
     # <= 32 tokens as 2 x SMs CTAs dealt 16-row slices evenly, a CTA's warps holding slices of two
-    # tiles; W12_GEMM_DIAG=8192 keeps the 128-row CTAs. N off the 16-row and 128-row edges.
+    # tiles; from two tiles per SM up the last round of CTAs (four per SM) is dealt out so where
+    # it is at least half full (3.03: one round; 7.6 and 11.5: after one and two full rounds of
+    # 128-row CTAs); W12_GEMM_DIAG=8192 keeps the 128-row CTAs. N off the 16-row and 128-row edges.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n = int(128 * sms * tiles_per_sm) + 37
     assert cuda_ops.splits(n, k, DEV, kernel=4) == 1
