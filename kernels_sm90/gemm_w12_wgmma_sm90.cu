@@ -761,12 +761,12 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // CTAs from bal0 on), where that round would be at least half full: 32B [51200, 5120] (400
     // tiles in places for 4 x 132, so 3 or 4 per SM: one round dealt out) and lm_head [128256,
     // 4096] (1002 tiles: 528 128-row CTAs, then 474 tiles dealt out). Places: 4 per SM (the plain
-    // two-warpgroup CTA's launch bounds) where the ring allows. Same call, separate processes,
-    // two and three rounds: 32B [51200, 5120] -2.0..2.2 us at 1-4 tokens, -2.7..4.3 at 8-16,
-    // -9.3..12.4 at 24-32; lm_head -0.4..1.5 at 1-4, level at 8-16, -1.3..3.0 at 24-32. At 33-64
-    // tokens (3 places per SM, the shared-memory epilogue over a CTA's consecutive slices) it was
-    // slower on both, by 6-8 and 19-32 us, also with every round dealt out. Diagnostic 8192:
-    // never. Same bits (BAL's).
+    // two-warpgroup CTA's launch bounds) where the ring allows. Three calls, separate processes,
+    // two or three rounds each: 32B [51200, 5120] -1.0..2.2 us at 1-4 tokens, -2.2..4.3 at 8-16,
+    // -9.3..12.4 at 24-32; lm_head level (-1.5..+0.8: a balanced CTA keeps a 128-row CTA's step
+    // time, so its SMs still end where the first round left them). At 33-64 tokens (3 places per
+    // SM, the shared-memory epilogue over a CTA's consecutive slices) it was slower on both, by
+    // 6-8 and 19-32 us, also with every round dealt out. Diagnostic 8192: never. Same bits (BAL's).
     const bool balt_shape = p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) &&
                             nt >= 2 * di.sms;
     if (balt_shape) {
