@@ -675,57 +675,43 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     if (p.S == 1)
       p.ws = nch >= 8 && !(a.flags & 2) && !(a.flags & kNoXt) && a.counters != nullptr ? reinterpret_cast<float4*>(a.counters)
                                                                                        : nullptr;
-    // Two warpgroups per CTA unless diagnostic 524288 asks for one (session 9: same bits; M = 64
-    // -3 % geomean, lm_head -12 %, 32B [51200, 5120] -18 %; M <= 32 within +-1 %). Row-tile pairs
-    // (4 warpgroups, half the activation-tile traffic per record) at 65..128 tokens where a CTA
-    // streams >= 16 records; diagnostic 262144 forces them from 33 tokens up. Session 10
-    // (docs/perf-notes.md), 128 tokens: lm_head 451 -> 406 us, 32B [51200, 5120] 256 -> 225,
-    // [5120, 25600] 102 -> 94, gate_up 105 -> 102, but qkv (8 records per CTA) 32.4 -> 36.5; at
-    // 32 and 64 tokens slower on most shapes (lm_head 205 -> 232 us at 32).
+    // Two warpgroups per CTA unless diagnostic 524288 asks for one (session 9: M = 64 -3 %
+    // geomean). Row-tile pairs (4 warpgroups, half the activation-tile traffic per record) at
+    // 65..128 tokens where a CTA streams >= 16 records (session 10: lm_head 451 -> 406 us at 128
+    // tokens, qkv's 8-record CTAs slower; slower at 32-64); diagnostic 262144 from 33 tokens up.
     int wg = (a.flags & kOneWarpgroup) && nch <= 8 ? 1 : 2;
     // Diagnostic 8 keeps single row tiles at 65..128 tokens (session 14: gate_up's 112 pair CTAs
     // leave 20 of 132 SMs idle).
     if (((a.flags & kRowPairs) && nch >= 4) || (nch == 16 && p.kper >= 16 && !(a.flags & kNoRowPairs))) wg = 4;
     const int rt = wg == 4 ? 2 : 1;
-    // The pair grid (PAIR, session 17): one CTA per two consecutive K slices, one parked partial
-    // per pair, at 17..64 tokens on weights cut into >= 4 slices whose pair grid still covers the
-    // SMs (qkv [6144, 4096]: 8 slices of 8 records, 384 -> 192 CTAs; same call: 15.9 -> 15.3 us
-    // at 32 tokens, 18.5 -> 17.7 at 64). Where it would leave SMs idle it lost: o [4096, 4096]
-    // (128 CTAs) +0.4 us at 32 tokens, down +0.5..0.75, 32B [5120, 25600] +2..3.6. Diagnostic
-    // 512: every split grid up to 64 tokens, 128: never. Same bits (add_slice's order).
+    // The pair grid (PAIR, session 17) at 17..64 tokens on weights of >= 4 slices whose pair grid
+    // still covers the SMs (qkv: 384 -> 192 CTAs, 15.9 -> 15.3 us at 32 tokens; o, down and 32B
+    // [5120, 25600], which it would leave SMs idle, lost). Diagnostic 512: every split grid up to
+    // 64 tokens, 128: never. Same bits (add_slice's order).
     const int tiles = (nt + rt - 1) / rt;
     const bool pair = wg == 2 && pair_grid(nt, p.S, tokens, di.sms, a.flags);
     const int sp = pair ? (p.S + 1) / 2 : p.S;  // CTAs per row tile
     int grid = tiles * sp;
-    // The overlap form (decode of record i+1 behind record i's wgmma): diagnostic 64 up to 64
-    // tokens; the default at 65..128, where the four m64n128k16 per record are long enough that
-    // it pays (session 10, docs/perf-notes.md: Llama geomean 0.604 -> 0.633, down 55.0 -> 47.5
-    // us, 32B [10240, 5120] 57.7 -> 47.8; 4 stages no better), and there diagnostic 64 selects
-    // the plain loop.
+    // The overlap form (decode of record i+1 behind record i's wgmma): the default at 65..128
+    // tokens, where four m64n128k16 per record are long enough to hide it (session 10: Llama
+    // geomean 0.604 -> 0.633); diagnostic 64 flips it (on up to 64 tokens, off above).
     const bool ov = ((a.flags & 64) != 0) != (nch == 16);
-    // Ring depth (W12_GEMM_STAGES = 3 or 4 forces one): wave_stages(), with its tail rule at 64
-    // tokens. Session 9, same-call A/B of 3 against 4 stages: 3 won on the many-CTA grids at <= 16
-    // tokens (gate_up M = 1 51.9 -> 48.4 us, lm_head 187.6 -> 183.6, qkv 14.2 -> 14.0), 4 on the
-    // small ones (o 11.1 -> 10.9, down 29.5 -> 28.7) and on gate_up at 64 tokens (77.7 -> 72.4).
+    // Ring depth (W12_GEMM_STAGES = 3 or 4 forces one): wave_stages() (session 9: 3 on the
+    // many-CTA grids at <= 16 tokens, 4 on the small ones and on gate_up at 64 tokens).
     // KW (session 34, docs/perf-notes.md): at <= 16 tokens, where the plain two-warpgroup loop
-    // would run a split grid of an even number of equal slices at more than two CTAs per SM (qkv
-    // [6144, 4096]: 384 CTAs, three per SM, the only such grid measured), the same CTAs as m-tile
-    // x pair CTAs that park one partial per pair, so that the reduce kernel's 4-partial slot form
-    // fits beside them (below). Same call, three rounds:
-    // qkv -0.42..0.52 us at 1-16 tokens; o (two CTAs per SM) level at 1-8; o +0.5 / +2.2 and down
-    // +0.7 / +9 us at 32 / 64 tokens (each warpgroup's own activation tile per stage). Same bits
-    // (add_slice's order). (Not where the DEEP loop runs, below.)
+    // would run a split grid of an even number of equal slices at more than two CTAs per SM (qkv:
+    // 384 CTAs, three per SM, the only such grid measured), m-tile x pair CTAs park one partial
+    // per pair, so that the reduce kernel's 4-partial slot form fits beside them: qkv -0.42..0.52
+    // us at 1-16 tokens; o (two per SM) level at 1-8, o and down slower at 32-64 (each
+    // warpgroup's own activation tile). Same bits (add_slice's order). Not where DEEP runs.
     bool kw = wg == 2 && !pair && !ov && p.S >= 2 && p.S % 2 == 0 && p.S * p.kper == kt && nch <= 2 &&
               (long)nt * p.S > 2L * di.sms;
     int st = wave_stages(grid, di, ring_bytes(3, nch, rt, kw ? 2 : 1), nch == 8);
     if (a.stages == 3 || a.stages == 4) st = a.stages;
     // The DEEP loop (6 stages) for K slices of <= 8 records at 9..16 tokens where the grid holds
-    // <= 2 CTAs per SM (o [4096, 4096]: S = 8, 256 CTAs). Session 16 (docs/perf-notes.md), same
-    // call, two rounds: o 10.80 / 10.77 -> 10.27 / 10.24 us at 16 tokens, level at 1-4 tokens;
-    // longer CTAs level or slower (gate_up -0.2..+0.4 us, 32B [10240, 5120] +0.45, lm_head +4,
-    // qkv's 384 CTAs +1.5 at two per SM); at 17-32 tokens (a build with it for 32 tokens) slower
-    // on every shape, o +0.3..0.7 us, down +0.8..1.4. Diagnostic 256 takes it at every grid up
-    // to 16 tokens, 1024 never.
+    // <= 2 CTAs per SM (o: 10.8 -> 10.25 us at 16 tokens; session 16: longer CTAs level or slower,
+    // 17-32 tokens slower on every shape). Diagnostic 256 takes it at every grid up to 16 tokens,
+    // 1024 never.
     const bool deep_fits = nch <= 2 && wg == 2 && !ov && !pair && a.stages == 0 && !(a.flags & kNoDeep);
     if (deep_fits && ((a.flags & kDeep) || (nch == 2 && p.S > 1 && p.kper <= 8 && grid <= 2 * di.sms)))
       st = kDeepStages;
@@ -733,19 +719,12 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     const int xt = kw ? 2 : 1;
     const int parts = kw ? p.S / 2 : sp;  // parked partials per row tile
     // The balanced unsplit grid (BAL, session 20) at <= 32 tokens where the 128-row tiles leave
-    // some SMs two and others one (gate_up [28672, 4096]: 224 tiles, two on 92 of 132 SMs): 2 x SMs
-    // CTAs of 6-7 16-row slices, at most two per SM (the shared-memory cap below). Same call,
-    // interleaved, two rounds: gate_up 44.2 -> 44.0 us at M = 1, 46.0 -> 45.2 at 16, 48.5 -> 47.4
-    // at 32; a 6-stage ring on it was slower (+0.2..1.9 us). Diagnostic 8192: never. Same bits.
-    // Bulk-copied records (BULK, session 22, docs/perf-notes.md) at 1-2 tokens where BAL would
-    // run (unsplit, between one and two 128-row tiles per SM): the split ring of row-tile pairs
-    // (one bulk copy per record by thread 0 on per-slot barriers, 4 records in flight, the
-    // activation row in 3 slots of its own) on the 128-row CTAs. Same call, interleaved, three
-    // rounds: gate_up 43.90 / 44.93 / 45.09 -> 43.01 / 44.00 / 44.19 us at M = 1, 44.86 / 45.09 ->
-    // 44.57 / 44.83 at 2, but +0.35 at 4 and +0.7..1.3 at 8-16; 3 or 6 record slots, 6
-    // activation slots slower; multi-wave unsplit grids slower at 1-16 tokens (lm_head +2.8 us,
-    // 32B [51200, 5120] +4.6 at M = 1). Diagnostic 16384: never. Same bits (the same wgmma).
-    // (A forced ring depth, W12_GEMM_STAGES, keeps BAL.)
+    // some SMs two and others one (gate_up: 224 tiles): 2 x SMs CTAs of 6-7 16-row slices, at most
+    // two per SM (the shared-memory cap below); gate_up -0.2..1.1 us. Diagnostic 8192: never.
+    // Bulk-copied records (BULK, session 22) at 1-2 tokens there instead: the split ring (one bulk
+    // copy per record by thread 0, 4 records in flight) on the 128-row CTAs; gate_up -0.3..0.9 us
+    // at 1-2 tokens, slower at 4-16 and on multi-wave grids. Diagnostic 16384: never. Same bits
+    // either way. (A forced ring depth, W12_GEMM_STAGES, keeps BAL.)
     const bool bal_shape = p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) &&
                            nt > di.sms && nt < 2 * di.sms;
     const bool bulk_rec = bal_shape && tokens <= 2 && a.stages == 0 && !(a.flags & kNoBulkRecords);
@@ -756,17 +735,12 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
       grid = 2 * di.sms;
     }
     // BALT (session 35, docs/perf-notes.md): unsplit grids of >= 2 tiles per SM at <= 32 tokens
-    // whose last round of CTAs would leave places empty run their full rounds as 128-row CTAs and
-    // deal the last round's 16-row slices out over a round of CTAs that fills every place (BAL's
-    // CTAs from bal0 on), where that round would be at least half full: 32B [51200, 5120] (400
-    // tiles in places for 4 x 132, so 3 or 4 per SM: one round dealt out) and lm_head [128256,
-    // 4096] (1002 tiles: 528 128-row CTAs, then 474 tiles dealt out). Places: 4 per SM (the plain
-    // two-warpgroup CTA's launch bounds) where the ring allows. Three calls, separate processes,
-    // two or three rounds each: 32B [51200, 5120] -1.0..2.2 us at 1-4 tokens, -2.2..4.3 at 8-16,
-    // -9.3..12.4 at 24-32; lm_head level (-1.5..+0.8: a balanced CTA keeps a 128-row CTA's step
-    // time, so its SMs still end where the first round left them). At 33-64 tokens (3 places per
-    // SM, the shared-memory epilogue over a CTA's consecutive slices) it was slower on both, by
-    // 6-8 and 19-32 us, also with every round dealt out. Diagnostic 8192: never. Same bits (BAL's).
+    // run their full rounds as 128-row CTAs and deal the last round's 16-row slices out over a
+    // round of BAL's CTAs that fills every place (4 per SM: the plain CTA's launch bounds), where
+    // that round is at least half full. 32B [51200, 5120] (400 tiles: one round) -1.0..4.3 us at
+    // 1-16 tokens and -9.3..12.4 at 24-32 in three calls, lm_head (1002 tiles) level: a balanced
+    // CTA keeps a 128-row CTA's step time, so the SMs end where the first round left them. At
+    // 33-64 tokens slower on both (+6..32 us). Diagnostic 8192: never. Same bits (BAL's).
     const bool balt_shape = p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) &&
                             nt >= 2 * di.sms;
     if (balt_shape) {
@@ -783,15 +757,10 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     grid += p.xth;
     // With PDL the CTAs are placed while the previous kernel still holds SMs; capped at what an
     // even spread needs (ceil(grid / SMs) per SM, through the shared-memory request) so that they
-    // cannot pile onto the SMs that happen to be free first. Session 9: uncapped, PDL made v4's
-    // decode-step graph set slower (0.878 -> 0.934 of cuBLAS) though each shape alone gained;
-    // capped, 0.860 -> 0.847, and M = 1 +2.9 % (o 11.8 -> 11.0 us).
-    // The request is the least that keeps cap + 1 CTAs (each with the SM's 1 KB per-CTA
-    // reservation) from fitting: the driver sizes the SM's shared-memory carveout to cap CTAs,
-    // and what that leaves must take a reduce-kernel CTA (9 KB of staged escapes + 1 KB). Until
-    // session 31 the request ignored the reservation, 1 KB too much per CTA: two 77.8 KB CTAs
-    // left 10238 of the 164 KB configuration's bytes for a 10240-byte reduce CTA, so the reduce
-    // grid was placed only as the GEMM drained (per-CTA timelines, docs/perf-notes.md).
+    // cannot pile onto the SMs free first (session 9: uncapped, the decode-step graph set went
+    // 0.878 -> 0.934 of cuBLAS; capped, 0.847). The request is the least that keeps cap + 1 CTAs
+    // (each with the SM's 1 KB reservation) from fitting, so that what the carveout leaves takes a
+    // reduce-kernel CTA (session 31: 1 KB more per CTA left it 2 bytes short).
     int smem_min = 0;
     // (The balanced grid's even spread needs the cap with or without PDL.)
     if (p.pdl || p.bal) {
@@ -799,13 +768,9 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
       if (cap < di.smem_sm / ring_bytes(st, nch, rt, xt))
         smem_min = di.smem_sm / (cap + 1) - kSmemReservedPerCta + 1;
     }
-    // The split ring (session 18, docs/perf-notes.md) for row-tile pairs at 65..128 tokens: the
-    // activation tiles five steps ahead instead of two, the records three (bulk copies); with
-    // activation tiles one step ahead every shape was 25-35 % slower. Interleaved same-call A/B,
-    // both orders: lm_head 357.9 / 350.3 -> 350.9 / 343.0 us at 128 tokens, down 39.8 -> 38.6,
-    // gate_up level at 128 and -1.6 % at 100. At 32-64 tokens no ring shape was faster on every
-    // weight (o +0.4..4 us), so those keep one ring. Diagnostic 4096: never. Same bits (the same
-    // wgmma in the same order).
+    // The split ring (session 18) for row-tile pairs at 65..128 tokens: activation tiles five
+    // steps ahead, records three (bulk copies); lm_head -2 % at 128 tokens, down -3 %. At 32-64
+    // tokens no ring shape was faster on every weight. Diagnostic 4096: never. Same bits.
     const bool sr = nch == 16 && wg == 4 && ov && !(a.flags & 4096);
     if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec, kw);
     else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair, false, kw);
