@@ -725,8 +725,8 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // copy per record by thread 0, 4 records in flight) on the 128-row CTAs; gate_up -0.3..0.9 us
     // at 1-2 tokens, slower at 4-16 and on multi-wave grids. Diagnostic 16384: never. Same bits
     // either way. (A forced ring depth, W12_GEMM_STAGES, keeps BAL.)
-    const bool bal_shape = p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) &&
-                           nt > di.sms && nt < 2 * di.sms;
+    const bool bal_form = p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance);
+    const bool bal_shape = bal_form && nt > di.sms && nt < 2 * di.sms;
     const bool bulk_rec = bal_shape && tokens <= 2 && a.stages == 0 && !(a.flags & kNoBulkRecords);
     if (bulk_rec) st = 4;  // its record slots (launch_pick fixes the form): what the cap below sizes for
     p.bal = 0;
@@ -741,9 +741,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // 1-16 tokens and -9.3..12.4 at 24-32 in three calls, lm_head (1002 tiles) level: a balanced
     // CTA keeps a 128-row CTA's step time, so the SMs end where the first round left them. At
     // 33-64 tokens slower on both (+6..32 us). Diagnostic 8192: never. Same bits (BAL's).
-    const bool balt_shape = p.S == 1 && wg == 2 && nch <= 4 && !ov && st != kDeepStages && !(a.flags & kNoBalance) &&
-                            nt >= 2 * di.sms;
-    if (balt_shape) {
+    if (bal_form && nt >= 2 * di.sms) {
       const int per_sm = min(4, di.smem_sm / ring_bytes(st, nch));
       const long places = (long)per_sm * di.sms, rounds = (nt + places - 1) / places;
       const long last = nt - (rounds - 1) * places;  // tiles in the last round
