@@ -202,7 +202,17 @@ void dispatch(const Cfg& c, int iters, long long* d, FILE* js, bool first) {
 
 int main(int argc, char** argv) {
   const char* path = argc > 1 ? argv[1] : "probe_wgmma_issue.json";
+  // The kernel bodies exist for sm_90a only: elsewhere they would time nothing and print zeros.
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major != 9 || prop.minor != 0) {
+    fprintf(stderr, "probe_wgmma_issue: needs an sm_90 GPU (wgmma); device 0 is not one\n");
+    return 2;
+  }
   FILE* js = fopen(path, "w");
+  if (js == nullptr) {
+    fprintf(stderr, "probe_wgmma_issue: cannot write %s\n", path);
+    return 2;
+  }
   fprintf(js, "[\n");
   long long* d;
   cudaMalloc(&d, 132 * 4 * 5 * 8);
