@@ -62,7 +62,8 @@ constexpr int kRowPairs = 1 << 18;      // diagnostic 262144: WG = 4, two row ti
 constexpr int kNoRowPairs = 8;          // diagnostic 8: one row tile per CTA at 65..128 tokens too
 // Bits 20+ of GemmArgs::flags are the launchers' own (smxx_gemm_epilogue.cuh), so v4's later
 // diagnostics reuse bits that only v1 reads (v1: with W12_GEMM_PDL=1, 256 and 1024).
-constexpr int kDeep = 256;              // diagnostic 256: the DEEP loop at every grid up to 16 tokens
+constexpr int kDeep = 256;              // diagnostic 256: the DEEP loop at every grid up to 16 tokens; at 65-128 the
+                                        // split ring with its CTA barrier instead of NB (gemm_w12_nobar_sm90.cu)
 constexpr int kNoDeep = 1024;           // diagnostic 1024: never the DEEP loop
 constexpr int kDeepStages = 6;          // its ring (4 records in flight); launch_pick's "stages" for it
 constexpr int kNoPairs = 128;           // diagnostic 128: never the pair grid (PAIR)
@@ -628,6 +629,25 @@ static bool pair_grid(int nt, int S, int tokens, int sms, int flags) {
   return (flags & kPairsAll) || (S >= 4 && tokens > 16 && (long)nt * ((S + 1) / 2) >= sms);
 }
 
+// Row-tile pairs (four warpgroups, two 128-row tiles per CTA) for nch token chunks and K slices of
+// kper records; see the launcher.
+static int wgmma_warpgroups(int nch, int kper, int flags) {
+  int wg = (flags & kOneWarpgroup) && nch <= 8 ? 1 : 2;
+  if (((flags & kRowPairs) && nch >= 4) || (nch == 16 && kper >= 16 && !(flags & kNoRowPairs))) wg = 4;
+  return wg;
+}
+
+// The split ring (session 18) and, within it, NB (session 37): see the launcher.
+static bool split_ring(int nch, int wg, bool ov, int flags) { return nch == 16 && wg == 4 && ov && !(flags & 4096); }
+static bool nobar_form(bool sr, int flags) { return sr && !(flags & (kDeep | 3)); }
+
+bool wgmma_nobar(int N, int K, int tokens, int target_ctas, int sms, int flags) {
+  if (tokens <= 64 || tokens > kMaxTokens) return false;
+  const int kt = (K + 63) / 64, S = gemm_splits(N, K, target_ctas, sms, 4), kper = (kt + S - 1) / S;
+  const bool ov = (flags & 64) == 0;  // the overlap form is the default at 65..128 tokens
+  return nobar_form(split_ring(16, wgmma_warpgroups(16, kper, flags), ov, flags), flags);
+}
+
 bool wgmma_pair_grid(int N, int K, int tokens, int target_ctas, int sms, int flags) {
   if ((flags & kOneWarpgroup) && tokens <= 64) return false;  // WG = 1: the pair grid needs two
   if ((flags & kRowPairs) && tokens > 16) return false;       // WG = 4 from 17 tokens up
@@ -679,10 +699,9 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // geomean). Row-tile pairs (4 warpgroups, half the activation-tile traffic per record) at
     // 65..128 tokens where a CTA streams >= 16 records (session 10: lm_head 451 -> 406 us at 128
     // tokens, qkv's 8-record CTAs slower; slower at 32-64); diagnostic 262144 from 33 tokens up.
-    int wg = (a.flags & kOneWarpgroup) && nch <= 8 ? 1 : 2;
     // Diagnostic 8 keeps single row tiles at 65..128 tokens (session 14: gate_up's 112 pair CTAs
     // leave 20 of 132 SMs idle).
-    if (((a.flags & kRowPairs) && nch >= 4) || (nch == 16 && p.kper >= 16 && !(a.flags & kNoRowPairs))) wg = 4;
+    const int wg = wgmma_warpgroups(nch, p.kper, a.flags);
     const int rt = wg == 4 ? 2 : 1;
     // The pair grid (PAIR, session 17) at 17..64 tokens on weights of >= 4 slices whose pair grid
     // still covers the SMs (qkv: 384 -> 192 CTAs, 15.9 -> 15.3 us at 32 tokens; o, down and 32B
@@ -769,8 +788,13 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // The split ring (session 18) for row-tile pairs at 65..128 tokens: activation tiles five
     // steps ahead, records three (bulk copies); lm_head -2 % at 128 tokens, down -3 %. At 32-64
     // tokens no ring shape was faster on every weight. Diagnostic 4096: never. Same bits.
-    const bool sr = nch == 16 && wg == 4 && ov && !(a.flags & 4096);
-    if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec, kw);
+    const bool sr = split_ring(nch, wg, ov, a.flags);
+    // NB (session 37, gemm_w12_nobar_sm90.cu): the split ring's grids without its CTA barrier per
+    // record. Diagnostic 256 (the DEEP loop's bit, which acts at <= 16 tokens only) keeps the split
+    // ring here, as do diagnostics 1 and 2 (NB has no form for them). Same bits.
+    if (nobar_form(sr, a.flags))
+      e = gemm_nobar_launch(a, m0, tokens, p.S, p.kper, p.ws, p.xth, p.pdl != 0, grid, smem_min, stream);
+    else if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec, kw);
     else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair, false, kw);
     else if (nch == 4) e = launch_pick<4>(st, ov, wg, p, grid, smem_min, stream, pair);
     else if (nch == 8) e = launch_pick<8>(st, ov, wg, p, grid, smem_min, stream, pair);

@@ -282,6 +282,41 @@ def test_v4_row_pairs_match_smaller_m(monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [65, 100, 127, 128])
+@pytest.mark.parametrize(
+    "n,k,per_row",
+    [(16400, 2048, 0.0), (128 * 270 + 40, 1070, 3.0), (4096, 14336, 0.25)],
+    ids=["split-2-odd-pair", "unsplit-xt-escapes", "down-split"],
+)
+def test_v4_nobar_changes_no_bit(n, k, per_row, m, monkeypatch):
+    # NB (session 37): row-tile pairs at 65..128 tokens without a CTA barrier per record (full and
+    # empty mbarriers per ring slot, activation tiles by TMA). 129 tiles in K slices of 16 records
+    # (the last pair half empty: its second row tile's warpgroups keep every barrier); 271 unsplit
+    # tiles, K off the 64-column edge (zero columns from the tensor map), 3 escapes a row (the
+    # shared-memory epilogue with XT); down's shape, K split (partials and the reduce kernel). The
+    # same wgmma in the same order as the split ring with its barrier (W12_GEMM_DIAG=256) and the
+    # single ring (4096), and the same rows as at 16 tokens: the same bits.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
+    monkeypatch.delenv("W12_GEMM_DIAG", raising=False)
+    assert cuda_ops.nobar(n, k, m, DEV, diag=0), "the shape must take NB"
+    assert not cuda_ops.nobar(n, k, m, DEV, diag=256) and not cuda_ops.nobar(n, k, 64, DEV, diag=0)
+    gen = torch.Generator().manual_seed(370 + m)
+    wt = (_escape_weight(n, k, per_row, gen) if per_row else _weight(n, k, gen, spread=False)).to(DEV)
+    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    b = torch.randn(n, generator=gen).to(DEV)
+    y = w12.linear(x, w, b)
+    _assert_close(y, _ref(x, wt, b), x, wt)
+    bits = y.view(torch.int16)
+    for diag in ("256", "4096"):
+        monkeypatch.setenv("W12_GEMM_DIAG", diag)
+        assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), f"W12_GEMM_DIAG={diag}"
+    monkeypatch.delenv("W12_GEMM_DIAG")
+    assert torch.equal(w12.linear(x[-16:].clone(), w, b).view(torch.int16), bits[-16:]), "rows at 16 tokens"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("per_row", [0.25, 3.0])
 @pytest.mark.parametrize("m", [33, 64, 100, 128])
 def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):

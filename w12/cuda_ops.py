@@ -59,7 +59,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 11
+_GEMM_ABI = 12
 
 
 def library_path() -> Path:
@@ -181,6 +181,8 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_wholek_stages.argtypes = [_INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_pair_grid.restype = _INT
     so.w12_gemm_pair_grid.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
+    so.w12_gemm_nobar.restype = _INT
+    so.w12_gemm_nobar.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_check_device.restype = _INT
     so.w12_gemm_counters_buffer.restype = _VP
     so.w12_gemm_counters_buffer.argtypes = [_INT, _VP, _INT, ctypes.POINTER(_INT)]
@@ -349,6 +351,16 @@ def pair_grid(n: int, k: int, m: int, device="cuda", diag: int | None = None) ->
 @functools.lru_cache(maxsize=4096)
 def _pair_grid(n: int, k: int, m: int, target: int, sms: int, diag: int) -> bool:
     return bool(_gemm_lib().w12_gemm_pair_grid(n, k, m, target, sms, diag))
+
+
+def nobar(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> bool:
+    """Whether v4 runs its row-tile pairs without a CTA barrier per record (NB, session 37) for an
+    (N, K) weight at ``m`` token rows (one pass) on ``device``; ``diag`` as in :func:`pair_grid`.
+    Timing only: the bits are the same either way."""
+    if diag is None:
+        diag = _diag_env()
+    dev = torch.device(device)
+    return bool(_gemm_lib().w12_gemm_nobar(n, k, m, target_ctas(dev), _check_device(dev), diag))
 
 
 @functools.lru_cache(maxsize=4096)
