@@ -61,8 +61,9 @@ int w12_gemm_pair_grid(int n, int k, int m, int target_ctas, int sms, int flags)
   return w12::wgmma_pair_grid(n, k, m, target_ctas, sms, flags) ? 1 : 0;
 }
 
-// 1 where v4 runs its row-tile pairs without a CTA barrier per record (NB, session 37) for an
-// (N, K) weight at m token rows (one pass), else 0; arguments as w12_gemm_pair_grid's.
+// 1 where v4 runs its row-tile pairs without a CTA barrier per record (NB, sessions 37-38: a
+// producer warpgroup) for an (N, K) weight at m token rows (one pass), else 0; arguments as
+// w12_gemm_pair_grid's.
 int w12_gemm_nobar(int n, int k, int m, int target_ctas, int sms, int flags) {
   return w12::wgmma_nobar(n, k, m, target_ctas, sms, flags) ? 1 : 0;
 }

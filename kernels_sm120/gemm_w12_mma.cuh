@@ -124,7 +124,7 @@ constexpr int kWholekOff = 16;                // diagnostic 16: the split grid +
 constexpr int kWholekShortSlices = 1 << 17;   // diagnostic 131072: slices under 16 records too
 int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int stages, int flags);
 cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int stages, bool pdl, cudaStream_t stream);
-// v4 at 65-128 tokens on row-tile-pair grids without a CTA barrier per record (session 37,
+// v4 at 33-128 tokens on row-tile-pair grids without a CTA barrier per record (sessions 37-38,
 // kernels_sm90/gemm_w12_nobar_sm90.cu): the split ring's grid, bits and epilogues. ws: the
 // partials (S > 1) or the XT scratch (S = 1, or nullptr); xth: XT helper CTAs at the grid's start.
 // Whether v4 takes that form for an (N, K) weight at `tokens` rows (one pass), diagnostics `flags`.

@@ -59,7 +59,7 @@ namespace {
 constexpr int kMaxTokens = kWgmmaMaxTokens;  // 128: one pass for 65..128 tokens (NCH = 16)
 constexpr int kOneWarpgroup = 1 << 19;  // diagnostic 524288 (v1's "never 8-warp CTAs"): WG = 1
 constexpr int kRowPairs = 1 << 18;      // diagnostic 262144: WG = 4, two row tiles per CTA
-constexpr int kNoRowPairs = 8;          // diagnostic 8: one row tile per CTA at 65..128 tokens too
+constexpr int kNoRowPairs = 8;          // diagnostic 8: one row tile per CTA at 33..128 tokens too
 // Bits 20+ of GemmArgs::flags are the launchers' own (smxx_gemm_epilogue.cuh), so v4's later
 // diagnostics reuse bits that only v1 reads (v1: with W12_GEMM_PDL=1, 256 and 1024).
 constexpr int kDeep = 256;              // diagnostic 256: the DEEP loop at every grid up to 16 tokens; at 65-128 the
@@ -629,23 +629,28 @@ static bool pair_grid(int nt, int S, int tokens, int sms, int flags) {
   return (flags & kPairsAll) || (S >= 4 && tokens > 16 && (long)nt * ((S + 1) / 2) >= sms);
 }
 
-// Row-tile pairs (four warpgroups, two 128-row tiles per CTA) for nch token chunks and K slices of
-// kper records; see the launcher.
-static int wgmma_warpgroups(int nch, int kper, int flags) {
+// Row-tile pairs (four warpgroups, two 128-row tiles per CTA) for nch token chunks, nt row tiles
+// in S K slices of kper records, on sms SMs; see the launcher.
+static int wgmma_warpgroups(int nch, int nt, int S, int kper, int sms, int flags) {
   int wg = (flags & kOneWarpgroup) && nch <= 8 ? 1 : 2;
-  if (((flags & kRowPairs) && nch >= 4) || (nch == 16 && kper >= 16 && !(flags & kNoRowPairs))) wg = 4;
+  const bool pairs = nch == 16 ? kper >= 16 : nch == 8 && S == 1 && nt >= 2 * sms;
+  if (((flags & kRowPairs) && nch >= 4) || (pairs && !(flags & kNoRowPairs))) wg = 4;
   return wg;
 }
 
-// The split ring (session 18) and, within it, NB (session 37): see the launcher.
+// The split ring (session 18) and, within it, NB (sessions 37-38): see the launcher.
 static bool split_ring(int nch, int wg, bool ov, int flags) { return nch == 16 && wg == 4 && ov && !(flags & 4096); }
-static bool nobar_form(bool sr, int flags) { return sr && !(flags & (kDeep | 3)); }
+static bool nobar_form(int nch, int wg, bool sr, int flags) {
+  return (nch == 16 ? sr : nch == 8 && wg == 4 && !(flags & 4096)) && !(flags & (kDeep | 3));
+}
 
 bool wgmma_nobar(int N, int K, int tokens, int target_ctas, int sms, int flags) {
-  if (tokens <= 64 || tokens > kMaxTokens) return false;
+  if (tokens <= 32 || tokens > kMaxTokens) return false;
+  const int nch = tokens > 64 ? 16 : 8;
   const int kt = (K + 63) / 64, S = gemm_splits(N, K, target_ctas, sms, 4), kper = (kt + S - 1) / S;
-  const bool ov = (flags & 64) == 0;  // the overlap form is the default at 65..128 tokens
-  return nobar_form(split_ring(16, wgmma_warpgroups(16, kper, flags), ov, flags), flags);
+  const bool ov = ((flags & 64) != 0) != (nch == 16);  // as the launcher's
+  const int wg = wgmma_warpgroups(nch, (N + 127) / 128, S, kper, sms, flags);
+  return nobar_form(nch, wg, split_ring(nch, wg, ov, flags), flags);
 }
 
 bool wgmma_pair_grid(int N, int K, int tokens, int target_ctas, int sms, int flags) {
@@ -699,9 +704,11 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // geomean). Row-tile pairs (4 warpgroups, half the activation-tile traffic per record) at
     // 65..128 tokens where a CTA streams >= 16 records (session 10: lm_head 451 -> 406 us at 128
     // tokens, qkv's 8-record CTAs slower; slower at 32-64); diagnostic 262144 from 33 tokens up.
-    // Diagnostic 8 keeps single row tiles at 65..128 tokens (session 14: gate_up's 112 pair CTAs
-    // leave 20 of 132 SMs idle).
-    const int wg = wgmma_warpgroups(nch, p.kper, a.flags);
+    // Diagnostic 8 keeps single row tiles at 33..128 tokens (session 14: gate_up's 112 pair CTAs
+    // leave 20 of 132 SMs idle). At 33..64 tokens pairs (as NB, below) on unsplit weights of >= 2
+    // row tiles per SM (session 38: 32B [51200, 5120] 127.0 -> 113.0 us at 64 tokens, lm_head
+    // 211.8 -> 209.5; gate_up's 112 CTAs +2.5 us, the split weights slower).
+    const int wg = wgmma_warpgroups(nch, nt, p.S, p.kper, di.sms, a.flags);
     const int rt = wg == 4 ? 2 : 1;
     // The pair grid (PAIR, session 17) at 17..64 tokens on weights of >= 4 slices whose pair grid
     // still covers the SMs (qkv: 384 -> 192 CTAs, 15.9 -> 15.3 us at 32 tokens; o, down and 32B
@@ -789,10 +796,13 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // steps ahead, records three (bulk copies); lm_head -2 % at 128 tokens, down -3 %. At 32-64
     // tokens no ring shape was faster on every weight. Diagnostic 4096: never. Same bits.
     const bool sr = split_ring(nch, wg, ov, a.flags);
-    // NB (session 37, gemm_w12_nobar_sm90.cu): the split ring's grids without its CTA barrier per
-    // record. Diagnostic 256 (the DEEP loop's bit, which acts at <= 16 tokens only) keeps the split
-    // ring here, as do diagnostics 1 and 2 (NB has no form for them). Same bits.
-    if (nobar_form(sr, a.flags))
+    // NB (gemm_w12_nobar_sm90.cu): the split ring's grids without its CTA barrier per record, a
+    // producer warpgroup feeding the four consumers (session 38: gate_up 67.3 -> 57.8 us at 128
+    // tokens, lm_head 321 -> 260, down 37.1 -> 35.5; session 37's in-loop hand-offs lost).
+    // Row-tile pairs at 33-64 tokens (diagnostic 262144 only) take NB too. Diagnostic 256 (the
+    // DEEP loop's bit, which acts at <= 16 tokens only) keeps the split ring (the barrier form) here,
+    // as do diagnostics 1 and 2 (NB has no form for them). Same bits.
+    if (nobar_form(nch, wg, sr, a.flags))
       e = gemm_nobar_launch(a, m0, tokens, p.S, p.kper, p.ws, p.xth, p.pdl != 0, grid, smem_min, stream);
     else if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec, kw);
     else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair, false, kw);

@@ -284,12 +284,21 @@ __device__ __forceinline__ void store_row_swz(const float* Y, int rl, int f, int
 // Per output the same operations in the same order as fix_escapes (scale, each escape in list
 // order, bias), so the same bits. Must be reached by every thread of the CTA (three barriers).
 // row0: the CTA's first row.
-template <int NCH, int WG>
+template <int NCH, int WG, int BAR>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const int32_t* esc_col, const int16_t* esc_val, const float* bias,
                                            uint16_t* y, int64_t ldy, void* scratch, int KT, int ctas, int e0,
                                            int e1, int cta_e0, float sc, float b);
-template <int NCH, int MTW, int WG>
+// The epilogue's barriers: the whole CTA (BAR = 0), or its first BAR threads where the CTA has
+// more (NB's producer warpgroup, gemm_w12_nobar_sm90.cu, has left by then).
+template <int BAR>
+__device__ __forceinline__ void epilogue_sync() {
+  if constexpr (BAR == 0)
+    __syncthreads();
+  else
+    asm volatile("bar.sync 1, %0;" ::"n"(BAR) : "memory");
+}
+template <int NCH, int MTW, int WG, int BAR = 0>
 __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], uint8_t* smem, int row0,
                                                 const WParams& p) {
   constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, PER_ROW = kThreads * WG / R;
@@ -312,7 +321,7 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
   const int cta_e0 = __ldg(p.esc_ptr + row0);
   const int e0 = mine ? __ldg(p.esc_ptr + n) : 0, e1 = mine ? __ldg(p.esc_ptr + n + 1) : 0;
   const float rsc = mine ? row_scale(__ldg(p.base + n)) : 0.f, b = mine && p.bias ? __ldg(p.bias + n) : 0.f;
-  __syncthreads();  // every warp is past the main loop (its wgmma retired, its copies landed)
+  epilogue_sync<BAR>();  // every warp is past the main loop (its wgmma retired, its copies landed)
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
@@ -323,14 +332,14 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
         *reinterpret_cast<float2*>(Y + yidx<T>(rl, 8 * j + 2 * t)) =
             make_float2(a[mt][4 * j + 2 * h] * sc[mt][h], a[mt][4 * j + 2 * h + 1] * sc[mt][h]);
       }
-  rows_epilogue<NCH, WG>(smem, row0, p.M, p.N, p.x, p.ldx, p.esc_col, p.esc_val, p.bias, p.y, p.ldy,
+  rows_epilogue<NCH, WG, BAR>(smem, row0, p.M, p.N, p.x, p.ldx, p.esc_col, p.esc_val, p.bias, p.y, p.ldy,
                          p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT, (int)gridDim.x - p.xth, e0, e1,
                          cta_e0, rsc, b);
 }
 
 // store_rows_smem's part after the rows' sums are stored. Not inlined, so that its registers do not
 // change the main loop's allocation (inlined, the 64-token loop grew from 148 to 172 instructions).
-template <int NCH, int WG>
+template <int NCH, int WG, int BAR>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const int32_t* esc_col, const int16_t* esc_val, const float* bias,
                                            uint16_t* y, int64_t ldy, void* scratch, int KT, int ctas, int e0,
@@ -363,7 +372,7 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   // asked before the barrier so that the answer's round trip runs beside it.
   int* cnt = static_cast<int*>(scratch);
   const uint16_t* xt = cnt != nullptr && ld_acquire_gpu(cnt) >= KT ? xt_of(scratch) : nullptr;
-  __syncthreads();
+  epilogue_sync<BAR>();
   // The listed escapes: warp w takes listed rows w, w + NW, ..., two at a time; lane l takes the
   // row's tokens l, l + 32, ... (< M), each token's escapes in list order; both rows' first two
   // escapes' activations are loaded before any add. (Session 25: one (row, token) unit per thread
@@ -421,7 +430,7 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
     apply(ea, xa, xa1);
     if (two) apply(eb, xb, xb1);
   }
-  __syncthreads();
+  epilogue_sync<BAR>();
   // (By the last warp: warp 0 holds the first rows' stores, and the ticket's round trips would
   // come before them.)
   if (cnt != nullptr && tid == NTH - 32) {

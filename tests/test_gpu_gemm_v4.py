@@ -281,26 +281,34 @@ def test_v4_row_pairs_match_smaller_m(monkeypatch):
         assert torch.equal(w12.linear(x[:m].clone(), w).view(torch.int16), bits[:m]), f"one ring, M={m}"
 
 
+_NB_SHAPES = {
+    "split-2-odd-pair": (16400, 2048, 0.0),
+    "unsplit-xt-escapes": (128 * 270 + 40, 1070, 3.0),
+    "down-split": (4096, 14336, 0.25),
+}
+
+
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
-@pytest.mark.parametrize("m", [65, 100, 127, 128])
 @pytest.mark.parametrize(
-    "n,k,per_row",
-    [(16400, 2048, 0.0), (128 * 270 + 40, 1070, 3.0), (4096, 14336, 0.25)],
-    ids=["split-2-odd-pair", "unsplit-xt-escapes", "down-split"],
+    "shape,m",
+    [(name, m) for name in _NB_SHAPES for m in (65, 100, 127, 128)] + [("unsplit-xt-escapes", m) for m in (33, 40, 64)],
 )
-def test_v4_nobar_changes_no_bit(n, k, per_row, m, monkeypatch):
-    # NB (session 37): row-tile pairs at 65..128 tokens without a CTA barrier per record (full and
-    # empty mbarriers per ring slot, activation tiles by TMA). 129 tiles in K slices of 16 records
-    # (the last pair half empty: its second row tile's warpgroups keep every barrier); 271 unsplit
-    # tiles, K off the 64-column edge (zero columns from the tensor map), 3 escapes a row (the
-    # shared-memory epilogue with XT); down's shape, K split (partials and the reduce kernel). The
-    # same wgmma in the same order as the split ring with its barrier (W12_GEMM_DIAG=256) and the
-    # single ring (4096), and the same rows as at 16 tokens: the same bits.
+def test_v4_nobar_changes_no_bit(shape, m, monkeypatch):
+    # NB (sessions 37-38): row-tile pairs at 33..128 tokens without a CTA barrier per record (a
+    # producer warpgroup, full and empty mbarriers per stage, activation tiles by TMA). 129 tiles in
+    # K slices of 16 records (the last pair half empty: its second row tile's warpgroups keep every
+    # barrier and release every stage); 271 unsplit tiles (>= 2 per SM on the H200: NB at 33-64
+    # tokens too, in 64-token tiles), K off the 64-column edge (zero columns from the tensor map),
+    # 3 escapes a row (the shared-memory epilogue with XT); down's shape, K split (partials and the
+    # reduce kernel). The same wgmma in the same order as the loops with the CTA barrier
+    # (W12_GEMM_DIAG=256), the single ring (4096) and single row tiles (8), and the same rows as at
+    # 16 tokens: the same bits.
+    n, k, per_row = _NB_SHAPES[shape]
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
     monkeypatch.delenv("W12_GEMM_DIAG", raising=False)
     assert cuda_ops.nobar(n, k, m, DEV, diag=0), "the shape must take NB"
-    assert not cuda_ops.nobar(n, k, m, DEV, diag=256) and not cuda_ops.nobar(n, k, 64, DEV, diag=0)
+    assert not any(cuda_ops.nobar(n, k, m, DEV, diag=d) for d in (256, 4096, 8))
     gen = torch.Generator().manual_seed(370 + m)
     wt = (_escape_weight(n, k, per_row, gen) if per_row else _weight(n, k, gen, spread=False)).to(DEV)
     w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
@@ -309,11 +317,37 @@ def test_v4_nobar_changes_no_bit(n, k, per_row, m, monkeypatch):
     y = w12.linear(x, w, b)
     _assert_close(y, _ref(x, wt, b), x, wt)
     bits = y.view(torch.int16)
-    for diag in ("256", "4096"):
+    for diag in ("256", "4096", "8"):
         monkeypatch.setenv("W12_GEMM_DIAG", diag)
         assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), f"W12_GEMM_DIAG={diag}"
     monkeypatch.delenv("W12_GEMM_DIAG")
     assert torch.equal(w12.linear(x[-16:].clone(), w, b).view(torch.int16), bits[-16:]), "rows at 16 tokens"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [33, 64, 65, 128])
+def test_v4_nobar_fewer_records_than_stages(m, monkeypatch):
+    # Diagnostic 262144 puts row-tile pairs (so NB, in 64- or 128-token tiles) on any weight at
+    # 33..128 tokens: here K split into 3 one-record slices, fewer records a CTA than NB's ring
+    # stages, so the producer never waits for a release and the consumers end before the ring
+    # wraps; an odd pair again. Same bits as the pairs with the CTA barrier (4096) and as the rows
+    # at 16 tokens.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
+    n, k = 128 * 19 + 8, 150
+    assert cuda_ops.nobar(n, k, m, DEV, diag=262144), "the shape must take NB with diagnostic 262144"
+    gen = torch.Generator().manual_seed(380 + m)
+    wt = _escape_weight(n, k, 1.0, gen).to(DEV)
+    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    monkeypatch.setenv("W12_GEMM_DIAG", "262144")
+    y = w12.linear(x, w)
+    _assert_close(y, _ref(x, wt), x, wt)
+    bits = y.view(torch.int16)
+    monkeypatch.setenv("W12_GEMM_DIAG", str(262144 | 4096))
+    assert torch.equal(w12.linear(x, w).view(torch.int16), bits), "the pairs with the CTA barrier"
+    monkeypatch.delenv("W12_GEMM_DIAG")
+    assert torch.equal(w12.linear(x[:16].clone(), w).view(torch.int16), bits[:16]), "rows at 16 tokens"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")

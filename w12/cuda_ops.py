@@ -354,8 +354,8 @@ def _pair_grid(n: int, k: int, m: int, target: int, sms: int, diag: int) -> bool
 
 
 def nobar(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> bool:
-    """Whether v4 runs its row-tile pairs without a CTA barrier per record (NB, session 37) for an
-    (N, K) weight at ``m`` token rows (one pass) on ``device``; ``diag`` as in :func:`pair_grid`.
+    """Whether v4 runs its row-tile pairs without a CTA barrier per record (NB, sessions 37-38) for
+    an (N, K) weight at ``m`` token rows (one pass) on ``device``; ``diag`` as in :func:`pair_grid`.
     Timing only: the bits are the same either way."""
     if diag is None:
         diag = _diag_env()
