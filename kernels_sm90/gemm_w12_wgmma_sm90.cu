@@ -9,12 +9,15 @@
 //
 // STATUS: `auto` on sm_90 since session 10 (v1 elsewhere); the per-session history is in
 // docs/perf-notes.md. Variants, all with the same bits per output: the PAIR grid (session 17,
-// qkv-like weights at 17-64 tokens), the DEEP loop (session 16, short slices at 9-16 tokens), PDL
+// qkv-like weights at 17-32 tokens), the DEEP loop (session 16, short slices at 9-16 tokens), PDL
 // on unsplit grids at <= 16 tokens (16), whole-K clusters for down-like weights at 1-16 tokens (15,
 // gemm_w12_wholek_sm90.cu), the split ring of row-tile-pair grids at 65-128 tokens (18), the
 // balanced unsplit grid at <= 32 tokens (BAL, 20), bulk-copied records where BAL would run at 1-2
 // tokens (BULK, 22), m-tile x pair CTAs for qkv-like weights at 1-16 tokens (KW, 34), BAL's
-// CTAs as the last round of a multi-round unsplit grid at <= 32 tokens (BALT, 35). The unsplit
+// CTAs as the last round of a multi-round unsplit grid at <= 32 tokens (BALT, 35), the row-tile
+// pairs fed by a producer warpgroup without a CTA barrier at 33-128 tokens (NB, 38,
+// gemm_w12_nobar_sm90.cu: where the split ring ran, and unsplit weights of >= 2 tiles per SM at
+// 33-64). The unsplit
 // grids' shared-memory epilogue at 33-128 tokens applies the escapes with the whole CTA (24,
 // store_rows_smem). Its bits differ from v1's (about 2-4e-4 of the
 // outputs: wgmma and mma.sync round the k16 products differently), so `auto` takes it for every M
@@ -35,7 +38,7 @@
 // - K-split like v1: gemm_splits() slices (a function of N, K and the SM count, never of M; v4
 //   leaves a few more weights unsplit than v1, see there); the
 //   slices park partials that v1's PDL reduce kernel adds in add_slice's order (pairs, then the
-//   pairs in order), so the bits are the same for every M; at 17..64 tokens one CTA runs each pair
+//   pairs in order), so the bits are the same for every M; at 17..32 tokens one CTA runs each pair
 //   of slices and parks their sum (PAIR). Where whole-K clusters run (wholek_stages), they add the
 //   same partials in the same order inside the cluster instead.
 // - Each thread streams its own fragment bytes of every record (v1's per-thread cp.async ring,
@@ -626,7 +629,7 @@ cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D
 // PAIR's rule for a two-warpgroup CTA (see the launcher): nt 128-row tiles cut into S slices.
 static bool pair_grid(int nt, int S, int tokens, int sms, int flags) {
   if (S < 2 || tokens > 64 || (flags & 64) || (flags & kNoPairs)) return false;  // NCH <= 8 only
-  return (flags & kPairsAll) || (S >= 4 && tokens > 16 && (long)nt * ((S + 1) / 2) >= sms);
+  return (flags & kPairsAll) || (S >= 4 && tokens > 16 && tokens <= 32 && (long)nt * ((S + 1) / 2) >= sms);
 }
 
 // Row-tile pairs (four warpgroups, two 128-row tiles per CTA) for nch token chunks, nt row tiles
@@ -710,10 +713,11 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // 211.8 -> 209.5; gate_up's 112 CTAs +2.5 us, the split weights slower).
     const int wg = wgmma_warpgroups(nch, nt, p.S, p.kper, di.sms, a.flags);
     const int rt = wg == 4 ? 2 : 1;
-    // The pair grid (PAIR, session 17) at 17..64 tokens on weights of >= 4 slices whose pair grid
+    // The pair grid (PAIR, session 17) at 17..32 tokens on weights of >= 4 slices whose pair grid
     // still covers the SMs (qkv: 384 -> 192 CTAs, 15.9 -> 15.3 us at 32 tokens; o, down and 32B
-    // [5120, 25600], which it would leave SMs idle, lost). Diagnostic 512: every split grid up to
-    // 64 tokens, 128: never. Same bits (add_slice's order).
+    // [5120, 25600], which it would leave SMs idle, lost; at 33..64 qkv 0.2-0.5 us slower than
+    // without it, session 38). Diagnostic 512: every split grid up to 64 tokens, 128: never. Same
+    // bits (add_slice's order).
     const int tiles = (nt + rt - 1) / rt;
     const bool pair = wg == 2 && pair_grid(nt, p.S, tokens, di.sms, a.flags);
     const int sp = pair ? (p.S + 1) / 2 : p.S;  // CTAs per row tile

@@ -173,7 +173,7 @@ def test_v4_wholek_matches_split_grid(n, k, bias, diag, m, monkeypatch):
     ],
 )
 def test_v4_pair_grid_changes_no_bit(n, k, bias, m, monkeypatch):
-    # At 17..64 tokens v4 gives each pair of consecutive K slices of a split weight (>= 4 slices)
+    # At 17..32 tokens v4 gives each pair of consecutive K slices of a split weight (>= 4 slices)
     # one CTA, which runs both from zero, adds them in add_slice's order and parks one partial;
     # W12_GEMM_DIAG=512 does so on every split grid up to 64 tokens, 128 never (at 100 tokens
     # neither runs: the split grid as before). The same adds in the same order as the reduce
@@ -239,8 +239,8 @@ def test_v4_wholek_rule():
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 def test_v4_pair_grid_rule():
-    # The pair grid (which the PDL rule asks for at 17-32 tokens): 17-64 tokens, >= 4 slices, and
-    # at least one pair CTA per SM; diagnostics 512 / 128 force it on / off.
+    # The pair grid (which the PDL rule asks for at 17-32 tokens): 17-32 tokens, >= 4 slices, and
+    # at least one pair CTA per SM; diagnostics 512 / 128 force it on (up to 64 tokens) / off.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def pairs_cover(n, k):
@@ -250,8 +250,9 @@ def test_v4_pair_grid_rule():
     for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (128 * (sms // 2 + 1), 4096)]:
         want = pairs_cover(n, k)
         assert cuda_ops.pair_grid(n, k, 17, DEV, diag=0) == want, (n, k)
-        assert cuda_ops.pair_grid(n, k, 64, DEV, diag=0) == want, (n, k)
-        assert not cuda_ops.pair_grid(n, k, 16, DEV, diag=0) and not cuda_ops.pair_grid(n, k, 65, DEV, diag=0)
+        assert cuda_ops.pair_grid(n, k, 32, DEV, diag=0) == want, (n, k)
+        assert cuda_ops.pair_grid(n, k, 64, DEV, diag=512) == (cuda_ops.splits(n, k, DEV, 4) >= 2), (n, k)
+        assert not any(cuda_ops.pair_grid(n, k, m, DEV, diag=0) for m in (16, 33, 64, 65))
         assert not cuda_ops.pair_grid(n, k, 32, DEV, diag=128)
         assert cuda_ops.pair_grid(n, k, 4, DEV, diag=512) == (cuda_ops.splits(n, k, DEV, 4) >= 2)
     assert not cuda_ops.pair_grid(28672, 4096, 32, DEV, diag=0)  # unsplit
