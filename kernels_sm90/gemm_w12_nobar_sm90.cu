@@ -2,8 +2,10 @@
 // record (NB; session 37 built it with in-loop hand-offs, session 38 with a producer warpgroup).
 // Same consumers as v4's split ring (gemm_w12_wgmma_sm90.cu, session 18): four warpgroups,
 // warpgroup w on m-tile w & 1 of row tile w >> 1, records bulk-copied per row-tile pair, one
-// 128-token activation tile per step; the same decode, the same four m64n128k16 wgmma per record in
-// the same order, the same epilogue, so the same bits.
+// activation tile per step (128 tokens at 65-128, 64 at 33-64); the same decode, the same four
+// m64nTk16 wgmma per record in the same order, the same epilogues, so the same bits. Where: the
+// split ring's grids at 65-128 tokens and unsplit weights of >= 2 row tiles per SM at 33-64
+// (the launcher, gemm_w12_wgmma_sm90.cu).
 //
 // Why (docs/perf-notes.md, sessions 37-38, benchmarks/probes/probe_wgmma_issue.cu): a wgmma blocks
 // its warpgroup at issue while the tensor pipe holds other warpgroups' wgmma (~415 of 1024 cycles
@@ -15,7 +17,7 @@
 // barrier costs. Here the hand-offs are the ones Hopper's warp-specialised GEMMs use:
 // - a fifth warpgroup produces (setmaxnreg: 24 registers, the consumers 112): one thread waits for
 //   a stage's empty barrier and refills it;
-// - a stage holds a record pair and its activation tile (one TMA box of 64 columns x 128 tokens,
+// - a stage holds a record pair and its activation tile (one TMA box of 64 columns x T tokens,
 //   128-byte swizzle, rows >= M zero from the tensor map's bounds) behind one full barrier;
 // - one thread per consumer warpgroup releases stage i once a wgmma.wait_group at step i + 1 has
 //   retired the warpgroup's wgmma of step i: they read the tile and, through their register

@@ -65,8 +65,9 @@ constexpr int kRowPairs = 1 << 18;      // diagnostic 262144: WG = 4, two row ti
 constexpr int kNoRowPairs = 8;          // diagnostic 8: one row tile per CTA at 33..128 tokens too
 // Bits 20+ of GemmArgs::flags are the launchers' own (smxx_gemm_epilogue.cuh), so v4's later
 // diagnostics reuse bits that only v1 reads (v1: with W12_GEMM_PDL=1, 256 and 1024).
-constexpr int kDeep = 256;              // diagnostic 256: the DEEP loop at every grid up to 16 tokens; at 65-128 the
-                                        // split ring with its CTA barrier instead of NB (gemm_w12_nobar_sm90.cu)
+constexpr int kDeep = 256;              // diagnostic 256: the DEEP loop at every grid up to 16 tokens; at 33-128 the
+                                        // row-tile pairs' loops with a CTA barrier instead of NB (the split ring at
+                                        // 65-128; gemm_w12_nobar_sm90.cu)
 constexpr int kNoDeep = 1024;           // diagnostic 1024: never the DEEP loop
 constexpr int kDeepStages = 6;          // its ring (4 records in flight); launch_pick's "stages" for it
 constexpr int kNoPairs = 128;           // diagnostic 128: never the pair grid (PAIR)
@@ -803,9 +804,10 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // NB (gemm_w12_nobar_sm90.cu): the split ring's grids without its CTA barrier per record, a
     // producer warpgroup feeding the four consumers (session 38: gate_up 67.3 -> 57.8 us at 128
     // tokens, lm_head 321 -> 260, down 37.1 -> 35.5; session 37's in-loop hand-offs lost).
-    // Row-tile pairs at 33-64 tokens (diagnostic 262144 only) take NB too. Diagnostic 256 (the
-    // DEEP loop's bit, which acts at <= 16 tokens only) keeps the split ring (the barrier form) here,
-    // as do diagnostics 1 and 2 (NB has no form for them). Same bits.
+    // Row-tile pairs at 33-64 tokens (wgmma_warpgroups' rule, or diagnostic 262144) take NB too.
+    // Diagnostic 256 (the DEEP loop's bit, which acts at <= 16 tokens only) keeps the loops with the
+    // CTA barrier here (the split ring at 65-128), as do 4096 and diagnostics 1 and 2 (NB has no
+    // form for them). Same bits.
     if (nobar_form(nch, wg, sr, a.flags))
       e = gemm_nobar_launch(a, m0, tokens, p.S, p.kper, p.ws, p.xth, p.pdl != 0, grid, smem_min, stream);
     else if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec, kw);

@@ -282,7 +282,8 @@ __device__ __forceinline__ void store_row_swz(const float* Y, int rl, int f, int
 // first barrier in the SASS), and the listing needs no shared counter (session 27: three barriers,
 // not four). The store pass is straight code (store_row_swz: ~2.4 us less per CTA at 128 tokens).
 // Per output the same operations in the same order as fix_escapes (scale, each escape in list
-// order, bias), so the same bits. Must be reached by every thread of the CTA (three barriers).
+// order, bias), so the same bits. Must be reached by every thread of the CTA (three barriers), or
+// by its first BAR threads where BAR > 0 (epilogue_sync).
 // row0: the CTA's first row.
 template <int NCH, int WG, int BAR>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
@@ -333,8 +334,8 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
             make_float2(a[mt][4 * j + 2 * h] * sc[mt][h], a[mt][4 * j + 2 * h + 1] * sc[mt][h]);
       }
   rows_epilogue<NCH, WG, BAR>(smem, row0, p.M, p.N, p.x, p.ldx, p.esc_col, p.esc_val, p.bias, p.y, p.ldy,
-                         p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT, (int)gridDim.x - p.xth, e0, e1,
-                         cta_e0, rsc, b);
+                              p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT, (int)gridDim.x - p.xth, e0, e1,
+                              cta_e0, rsc, b);
 }
 
 // store_rows_smem's part after the rows' sums are stored. Not inlined, so that its registers do not
