@@ -21,8 +21,8 @@ extern "C" {
 // 5: v4 reads layout 2 (w12_gemm_kernel_layout). 6: w12_gemm_v4_ready. 7: w12_gemm_splits takes
 // the kernel. 8: v4 reads layout 3, v1-v3 layout 4 (split records, decode16_split). 9:
 // w12_gemm_wholek_stages. 10: w12_gemm_counters takes the SM count; w12_gemm_xt_buffer (v4's XT).
-// 11: w12_gemm_pair_grid. 12: w12_gemm_nobar.
-int w12_gemm_abi_version(void) { return 12; }
+// 11: w12_gemm_pair_grid. 12: w12_gemm_nobar. 13: w12_gemm_nobar returns the consumer warpgroups.
+int w12_gemm_abi_version(void) { return 13; }
 
 // 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
 // sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
@@ -61,11 +61,11 @@ int w12_gemm_pair_grid(int n, int k, int m, int target_ctas, int sms, int flags)
   return w12::wgmma_pair_grid(n, k, m, target_ctas, sms, flags) ? 1 : 0;
 }
 
-// 1 where v4 runs its row-tile pairs without a CTA barrier per record (NB, sessions 37-38: a
-// producer warpgroup) for an (N, K) weight at m token rows (one pass), else 0; arguments as
-// w12_gemm_pair_grid's.
+// Where v4 runs without a CTA barrier per record (NB, sessions 37-39: a producer warpgroup) for an
+// (N, K) weight at m token rows (one pass), its consumer warpgroups: 4 (row-tile pairs) or 3
+// (m-tile triples, split weights); else 0. Arguments as w12_gemm_pair_grid's.
 int w12_gemm_nobar(int n, int k, int m, int target_ctas, int sms, int flags) {
-  return w12::wgmma_nobar(n, k, m, target_ctas, sms, flags) ? 1 : 0;
+  return w12::wgmma_nobar(n, k, m, target_ctas, sms, flags);
 }
 
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).

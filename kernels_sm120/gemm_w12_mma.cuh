@@ -124,13 +124,15 @@ constexpr int kWholekOff = 16;                // diagnostic 16: the split grid +
 constexpr int kWholekShortSlices = 1 << 17;   // diagnostic 131072: slices under 16 records too
 int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int stages, int flags);
 cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int stages, bool pdl, cudaStream_t stream);
-// v4 at 33-128 tokens on row-tile-pair grids without a CTA barrier per record (sessions 37-38,
-// kernels_sm90/gemm_w12_nobar_sm90.cu): the split ring's grid, bits and epilogues. ws: the
-// partials (S > 1) or the XT scratch (S = 1, or nullptr); xth: XT helper CTAs at the grid's start.
-// Whether v4 takes that form for an (N, K) weight at `tokens` rows (one pass), diagnostics `flags`.
-bool wgmma_nobar(int N, int K, int tokens, int target_ctas, int sms, int flags);
+// v4 at 33-128 tokens without a CTA barrier per record (NB, sessions 37-39,
+// kernels_sm90/gemm_w12_nobar_sm90.cu): row-tile pairs (the split ring's grid, bits and epilogues)
+// or, on split weights, m-tile triples. ws: the partials (S > 1) or the XT scratch (S = 1, or
+// nullptr); xth: XT helper CTAs at the grid's start; wgc: consumer warpgroups (4 pairs, 3 triples);
+// sms: the SM count (split weights: at most one CTA an SM). wgmma_nobar: the consumer warpgroups v4
+// takes for an (N, K) weight at `tokens` rows (one pass), diagnostics `flags`; 0 where not NB.
+int wgmma_nobar(int N, int K, int tokens, int target_ctas, int sms, int flags);
 cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int kper, void* ws, int xth, bool pdl,
-                              int grid, int smem_min, cudaStream_t stream);
+                              int wgc, int sms, int smem_min, cudaStream_t stream);
 // Whether v4's launcher, where it runs a split grid, takes the pair grid (PAIR: one CTA per two
 // consecutive K slices) for an [N, K] weight at `tokens` token rows (one pass, <= kWgmmaMaxTokens)
 // on a GPU with `sms` SMs, with v4's diagnostics `flags`. Timing only (the bits are the same either

@@ -5,7 +5,12 @@
 // activation tile per step (128 tokens at 65-128, 64 at 33-64); the same decode, the same four
 // m64nTk16 wgmma per record in the same order, the same epilogues, so the same bits. Where: the
 // split ring's grids at 65-128 tokens and unsplit weights of >= 2 row tiles per SM at 33-64
-// (the launcher, gemm_w12_wgmma_sm90.cu).
+// (the launcher, gemm_w12_wgmma_sm90.cu). Triples (session 39): three consumer warpgroups on three
+// consecutive m-tiles of a split weight whose 8-record slices would leave pairs' units unevenly
+// spread (qkv: 192 pair units on 132 SMs); a unit runs a slice pair and parks one partial for it
+// (the PAIR grid's sum), so the reduce kernel reads half the partials; at most one CTA an SM,
+// running its units back to back, its producer filling the ring with the next slice's records
+// while the consumers park.
 //
 // Why (docs/perf-notes.md, sessions 37-38, benchmarks/probes/probe_wgmma_issue.cu): a wgmma blocks
 // its warpgroup at issue while the tensor pipe holds other warpgroups' wgmma (~415 of 1024 cycles
@@ -40,9 +45,10 @@
 namespace w12 {
 namespace {
 
-constexpr int kNbConsumers = 4 * kThreads;       // the four consumer warpgroups
-constexpr int kNbThreads = kNbConsumers + kThreads;  // + the producer warpgroup
-constexpr int kNbRecBytes = 2 * kRec;             // the pair's two records
+// WGC consumer warpgroups (4: row-tile pairs; 3: m-tile triples, split weights only) + the producer.
+constexpr int nb_consumers(int wgc) { return wgc * kThreads; }
+constexpr int nb_threads(int wgc) { return nb_consumers(wgc) + kThreads; }
+constexpr int kNbRecBytes = 2 * kRec;             // a stage's two record slots
 // Per 8-token chunk count NCH (16: 65-128 tokens, 8: 33-64): the activation tile's bytes (NCH * 8
 // token rows of 64 BF16 columns), a stage's (a multiple of 1024: the tiles stay swizzle-aligned),
 // the stages (200 and 192 KB).
@@ -52,10 +58,11 @@ constexpr int nb_stages(int nch) { return nch == 16 ? 5 : 6; }
 constexpr int nb_smem_bytes(int nch) { return nb_stages(nch) * nb_stage_bytes(nch); }
 // setmaxnreg moves registers within the CTA's own allocation (ptxas gives each of the 640 threads
 // 65536 / 640 rounded down to a multiple of 8 at launch): what the consumers take beyond it, the
-// producer must have given back, or their setmaxnreg.inc waits forever.
-constexpr int kNbLaunchRegs = 65536 / kNbThreads / 8 * 8;
+// producer must have given back, or their setmaxnreg.inc waits forever. (Triples: 512 threads
+// start with 128 registers each, more than the consumers need, so they move none.)
+constexpr int kNbLaunchRegs = 65536 / nb_threads(4) / 8 * 8;
 constexpr int kNbConsumerRegs = 112, kNbProducerRegs = 24;
-static_assert(kNbConsumers * kNbConsumerRegs + kThreads * kNbProducerRegs <= kNbThreads * kNbLaunchRegs,
+static_assert(nb_consumers(4) * kNbConsumerRegs + kThreads * kNbProducerRegs <= nb_threads(4) * kNbLaunchRegs,
               "the CTA's registers");
 static_assert(nb_stage_bytes(8) % 1024 == 0 && nb_stage_bytes(16) % 1024 == 0, "128-byte swizzle atoms");
 static_assert(epilogue_smem_bytes(8, 2) <= nb_smem_bytes(8) && epilogue_smem_bytes(16, 2) <= nb_smem_bytes(16),
@@ -80,10 +87,32 @@ __device__ __forceinline__ void regs_dec() {
 }
 #endif
 
-template <int NCH>
-__global__ void __launch_bounds__(kNbThreads, 1) gemm_w12_nobar_kernel(const WParams p, const __grid_constant__ CUtensorMap tmx) {
+// A unit of NB's grid: WGC consecutive 64-row m-tiles, from m-tile 1 of row tile ft when `odd`
+// (triples whose first m-tile is odd), else from m-tile 0, over K slice `part` (pairs) or the two
+// K slices 2 part, 2 part + 1 (triples). Its records are row tiles ft and ft + 1 (nrt of them
+// exist); consumer warpgroup w takes m-tile (w + odd) & 1 of record slot (w + odd) >> 1. Pairs
+// (WGC = 4): 2 row tiles from 2 g, never odd. Triples (WGC = 3): m-tiles 3g..3g + 2, i.e. row tile
+// 3g / 2 from m-tile g & 1; a triple's half-used record is also the next triple's, copied by both
+// (the same slices, so the second read mostly hits L2). nb_parts: units per m-tile group.
+__host__ __device__ constexpr int nb_parts(int wgc, int S) { return wgc == 3 ? (S + 1) / 2 : S; }
+__host__ __device__ constexpr int nb_units(int wgc, int nt, int S) {
+  return (wgc == 4 ? (nt + 1) / 2 : (2 * nt + 2) / 3) * nb_parts(wgc, S);
+}
+struct NbUnit {
+  int ft, odd, part, nrt;
+};
+template <int WGC>
+__device__ __forceinline__ NbUnit nb_unit(int u, int parts, int nt) {
+  const int g = u / parts, ft = WGC == 4 ? 2 * g : g + (g >> 1);
+  return NbUnit{ft, WGC == 4 ? 0 : g & 1, u % parts, ft + 1 < nt ? 2 : 1};
+}
+
+template <int NCH, int WGC>
+__global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(const WParams p, const __grid_constant__ CUtensorMap tmx) {
 #if W12_WGMMA
+  static_assert(WGC == 4 || WGC == 3, "pairs or triples");
   constexpr int T = 8 * NCH, kNbX = nb_x_bytes(NCH), kNbStage = nb_stage_bytes(NCH), kNbStages = nb_stages(NCH);
+  constexpr int kCons = nb_consumers(WGC);
   extern __shared__ __align__(1024) uint8_t smem[];
   // XT helpers first, as in v4's unsplit grids at 33-128 tokens: transpose x for the epilogue, exit.
   if (blockIdx.x < p.xth) {
@@ -92,13 +121,16 @@ __global__ void __launch_bounds__(kNbThreads, 1) gemm_w12_nobar_kernel(const WPa
     return;
   }
   const int tid = threadIdx.x;
-  // K split (p.S > 1, e.g. down): CTA bid runs slice bid % S of row-tile pair bid / S and parks
-  // its partial for v1's reduce kernel, as v4's split grids do.
-  const int bid = blockIdx.x - p.xth, pt = bid / p.S, split = bid % p.S, row0 = pt * 256;
-  const int kt0 = split * p.kper;
-  // An odd last row tile leaves the second of the pair empty: its warpgroups decode whatever the
-  // stage holds and keep every barrier; the epilogue stores no row >= N.
-  const int nrt = row0 + 128 < p.N ? 2 : 1, nrec = min(p.KT - kt0, p.kper);
+  // Units (NbUnit) u = bid, bid + G, ... (G: the grid less the XT helpers). Unsplit weights run one
+  // unit a CTA (the epilogue takes the ring over); on split weights (e.g. down, or qkv's triples) a
+  // CTA parks each unit's partial for v1's reduce kernel, as v4's split grids do, while its
+  // producer already fills the ring with the next unit's records.
+  const int nt = (p.N + 127) >> 7, G = gridDim.x - p.xth, bid = blockIdx.x - p.xth;
+  const int parts = nb_parts(WGC, p.S), units = nb_units(WGC, nt, p.S);
+  // The unit's first slice and slice count: triples run a slice pair (the PAIR grid's: each slice
+  // from zero, then p_2j + p_2j+1, add_slice's first add), so that the reduce kernel reads half the
+  // partials; their records are consecutive, one stream for the producer.
+  constexpr int kSl = WGC == 3 ? 2 : 1;
   __shared__ __align__(8) uint64_t bars[2 * kNbStages];
   const uint32_t full = smem_u32(&bars[0]), empty = full + 8 * kNbStages;
   const uint32_t sbase = smem_u32(smem);
@@ -109,89 +141,120 @@ __global__ void __launch_bounds__(kNbThreads, 1) gemm_w12_nobar_kernel(const WPa
   if (tid == 0) {
     for (int s = 0; s < kNbStages; ++s) {
       mbar_init(full + 8 * s, 1);
-      mbar_init(empty + 8 * s, 4);
+      mbar_init(empty + 8 * s, WGC);
     }
     mbar_fence_init();
   }
   __syncthreads();  // the barriers' initialisation before any thread waits on them (the last CTA-wide barrier)
 
-  if (tid >= kNbConsumers) {
-    regs_dec<kNbProducerRegs>();
-    if (tid != kNbConsumers) return;
-    const uint8_t* recb = p.records + ((size_t)(2 * pt) * p.KT + kt0) * kRec;
-    for (int i = 0, s = 0; i < nrec; ++i) {
-      // Stage s last held step i - kNbStages; its release completed phase (i / kNbStages - 1) & 1.
-      if (i >= kNbStages) {
-        mbar_wait(empty + 8 * s, ((i / kNbStages) - 1) & 1);
-        fence_proxy_async_smem();  // the consumers' generic reads of the records before the copy's writes
+  if (tid >= kCons) {
+    if constexpr (WGC == 4) regs_dec<kNbProducerRegs>();
+    if (tid != kCons) return;
+    // c: steps issued over the CTA's units; stage s = c % kNbStages.
+    for (int u = bid, c = 0, s = 0; u < units; u += G) {
+      const NbUnit un = nb_unit<WGC>(u, parts, nt);
+      const int kt0 = kSl * un.part * p.kper, nrec = min(p.KT - kt0, kSl * p.kper);
+      const uint8_t* recb = p.records + ((size_t)un.ft * p.KT + kt0) * kRec;
+      for (int i = 0; i < nrec; ++i, ++c) {
+        // Stage s last held step c - kNbStages; its release completed phase (c / kNbStages - 1) & 1.
+        if (c >= kNbStages) {
+          mbar_wait(empty + 8 * s, ((c / kNbStages) - 1) & 1);
+          fence_proxy_async_smem();  // the consumers' generic reads of the records before the copy's writes
+        }
+        const uint32_t bar = full + 8 * s, dst = sbase + s * kNbStage;
+        mbar_arrive_expect_tx(bar, un.nrt * kRec + kNbX);
+        for (int r = 0; r < un.nrt; ++r) bulk_copy_g2s(dst + r * kRec, recb + ((size_t)r * p.KT + i) * kRec, kRec, bar);
+        tma_load_2d(dst + kNbRecBytes, &tmx, (kt0 + i) * 64, 0, bar);
+        s = s == kNbStages - 1 ? 0 : s + 1;
       }
-      const uint32_t bar = full + 8 * s, dst = sbase + s * kNbStage;
-      mbar_arrive_expect_tx(bar, nrt * kRec + kNbX);
-      for (int r = 0; r < nrt; ++r) bulk_copy_g2s(dst + r * kRec, recb + ((size_t)r * p.KT + i) * kRec, kRec, bar);
-      tma_load_2d(dst + kNbRecBytes, &tmx, (kt0 + i) * 64, 0, bar);
-      s = s == kNbStages - 1 ? 0 : s + 1;
     }
     return;
   }
-  regs_inc<kNbConsumerRegs>();
-  const int lane = tid & 31, quarter = (tid >> 5) & 3, mt0 = (tid >> 7) & 1, rtl = tid >> 8;
+  if constexpr (WGC == 4) regs_inc<kNbConsumerRegs>();
+  const int lane = tid & 31, quarter = (tid >> 5) & 3, w = tid >> 7;
   const bool signals = (tid & (kThreads - 1)) == 0;  // the warpgroup's releasing thread
 
   constexpr int ND = T / 2;
   float acc[1][ND];
-#pragma unroll
-  for (int k = 0; k < ND; ++k) acc[0][k] = 0.f;
-  const uint32_t hi_off = quarter * 2048 + lane * 16 + mt0 * 1024, lo_off = 8192 + quarter * 1024 + lane * 8 + mt0 * 512;
   const uint32_t k38 = opaque_k38(static_cast<uint32_t>(p.M) >> 30);
-  // The stage of the next step and its phase parity.
+  // The stage of the next step and its phase parity, over the CTA's units.
   int rd = 0, prev = 0;
   uint32_t ph = 0;
   uint32_t buf[16];
-  // Half a record at a time, one A buffer (the deep loop's two need 127 registers; the consumers
-  // have 112): each half's two wgmma are a group of their own, so the wait before decoding a half
-  // into its part of the buffer retires only the same half of the previous record, and that
-  // record's other half stays in flight through the decode. The same wgmma in the same order.
-  for (int i = 0; i < nrec; ++i) {
-    mbar_wait(full + 8 * rd, ph);
-    const uint8_t* st = smem + rd * kNbStage + rtl * kRec;
-    const uint32_t xb = sbase + rd * kNbStage + kNbRecBytes;
+  for (int u = bid; u < units; u += G) {
+    const NbUnit un = nb_unit<WGC>(u, parts, nt);
+    const int mt0 = (w + un.odd) & 1, rtl = (w + un.odd) >> 1;  // this warpgroup's m-tile and record slot
+    const uint32_t hi_off = quarter * 2048 + lane * 16 + mt0 * 1024, lo_off = 8192 + quarter * 1024 + lane * 8 + mt0 * 512;
+    // Where the unit parks (v1's order: [row tile][part][fragment][thread]); a record slot past the
+    // last row tile holds nothing of this unit: nothing to park there.
+    const int rowtile = un.ft + rtl;
+    float4* mine = p.S == 1 ? nullptr : p.ws + ((size_t)rowtile * parts + un.part) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
+    const int s0 = kSl * un.part, nsl = min(kSl, p.S - s0);
+    for (int h = 0; h < nsl; ++h) {
+      const int nrec = min(p.KT - (s0 + h) * p.kper, p.kper);
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      wgmma_wait1();  // this warpgroup's wgmma of half q of record i - 1 retired
+      for (int k = 0; k < ND; ++k) acc[0][k] = 0.f;
+      // Half a record at a time, one A buffer (the deep loop's two need 127 registers; the consumers
+      // have 112): each half's two wgmma are a group of their own, so the wait before decoding a half
+      // into its part of the buffer retires only the same half of the previous record, and that
+      // record's other half stays in flight through the decode. The same wgmma in the same order.
+      for (int i = 0; i < nrec; ++i) {
+        mbar_wait(full + 8 * rd, ph);
+        const uint8_t* st = smem + rd * kNbStage + rtl * kRec;
+        const uint32_t xb = sbase + rd * kNbStage + kNbRecBytes;
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          wgmma_wait1();  // this warpgroup's wgmma of half q of record i - 1 retired
+#pragma unroll
+          for (int k = 0; k < ND; ++k) pin(acc[0][k]);
+          // After half 1's wait every wgmma of step i - 1 has retired: its stage is free.
+          if (q == 1 && i > 0 && signals) mbar_arrive(empty + 8 * prev);
+          const uint4 hv = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
+          const uint2 lv = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
+          decode16_split(hv, lv, buf + 8 * q, k38);
+          wgmma_fence();
+#pragma unroll
+          for (int ks = 2 * q; ks < 2 * q + 2; ++ks) Wgmma<T>::run(acc[0], buf + 4 * ks, smem_desc_sw128(xb + 32 * ks));
+          wgmma_commit();
+        }
+        prev = rd;
+        ph ^= rd == kNbStages - 1 ? 1u : 0u;
+        rd = rd == kNbStages - 1 ? 0 : rd + 1;
+      }
+      wgmma_wait0();
 #pragma unroll
       for (int k = 0; k < ND; ++k) pin(acc[0][k]);
-      // After half 1's wait every wgmma of step i - 1 has retired: its stage is free.
-      if (q == 1 && i > 0 && signals) mbar_arrive(empty + 8 * prev);
-      const uint4 h = *reinterpret_cast<const uint4*>(st + hi_off + q * 512);
-      const uint2 l = *reinterpret_cast<const uint2*>(st + lo_off + q * 256);
-      decode16_split(h, l, buf + 8 * q, k38);
-      wgmma_fence();
+      // The slice's last stage, which no later step of it releases: the producer may refill it
+      // with the next slice's records while this one parks.
+      if (nrec > 0 && signals) mbar_arrive(empty + 8 * prev);
+      // Every copy issued was waited for by every consumer, so none is in flight over the ring
+      // that the epilogue (after its own barrier among the consumers) takes over: unsplit grids
+      // run one unit a CTA and the producer has issued nothing more.
+      if (p.S == 1) {
+        if constexpr (WGC == 4) store_rows_smem<NCH, 1, 4, kCons>(acc, smem, un.ft * 128, p);
+        return;
+      }
+      if (rowtile >= nt) continue;
+      // A pair's second slice: p_2j (parked below by these same threads, so read back in program
+      // order) + p_2j+1, then the sum in its place.
+      if (h == 1) {
 #pragma unroll
-      for (int ks = 2 * q; ks < 2 * q + 2; ++ks) Wgmma<T>::run(acc[0], buf + 4 * ks, smem_desc_sw128(xb + 32 * ks));
-      wgmma_commit();
+        for (int j = 0; j < NCH; ++j) {
+          const float4 f = mine[(mt0 * NCH + j) * kThreads];
+          acc[0][4 * j] = __fadd_rn(f.x, acc[0][4 * j]);
+          acc[0][4 * j + 1] = __fadd_rn(f.y, acc[0][4 * j + 1]);
+          acc[0][4 * j + 2] = __fadd_rn(f.z, acc[0][4 * j + 2]);
+          acc[0][4 * j + 3] = __fadd_rn(f.w, acc[0][4 * j + 3]);
+        }
+      }
+      // Parked evict_last in v1's order, as v4's split grids park theirs (gemm_w12_wgmma_sm90.cu).
+      const uint64_t keep = l2_policy_evict_last();
+#pragma unroll
+      for (int j = 0; j < NCH; ++j)
+        st_global_policy(mine + (mt0 * NCH + j) * kThreads,
+                         make_float4(acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]), keep);
     }
-    prev = rd;
-    ph ^= rd == kNbStages - 1 ? 1u : 0u;
-    rd = rd == kNbStages - 1 ? 0 : rd + 1;
   }
-  wgmma_wait0();
-#pragma unroll
-  for (int k = 0; k < ND; ++k) pin(acc[0][k]);
-  // Every copy issued was waited for by every consumer, so none is in flight over the ring that the
-  // epilogue (after its own barrier among the consumers) takes over.
-  if (p.S == 1) {
-    store_rows_smem<NCH, 1, 4, kNbConsumers>(acc, smem, row0, p);
-    return;
-  }
-  // Parked evict_last in v1's order, as v4's split grids park theirs (gemm_w12_wgmma_sm90.cu).
-  const int rowtile = 2 * pt + rtl;
-  if (rowtile * 128 >= p.N) return;
-  float4* mine = p.ws + ((size_t)rowtile * p.S + split) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
-  const uint64_t keep = l2_policy_evict_last();
-#pragma unroll
-  for (int j = 0; j < NCH; ++j)
-    st_global_policy(mine + (mt0 * NCH + j) * kThreads,
-                     make_float4(acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]), keep);
 #endif
 }
 
@@ -208,13 +271,26 @@ static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+template <int NCH, int WGC>
+cudaError_t nb_launch(int dev, int grid, int smem, cudaStream_t stream, bool pdl, const WParams& p, const CUtensorMap& map) {
+  constexpr auto kern = gemm_w12_nobar_kernel<NCH, WGC>;
+  if (cudaError_t e = set_smem_limit_once<kern>(dev, smem); e != cudaSuccess) return e;
+  return launch_ex(kern, dim3(grid), dim3(nb_threads(WGC)), smem, stream, 1, pdl, p, map);
+}
+
 }  // namespace
 
 cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int kper, void* ws, int xth, bool pdl,
-                              int grid, int smem_min, cudaStream_t stream) {
+                              int wgc, int sms, int smem_min, cudaStream_t stream) {
   // 33-64 tokens in 64-token tiles, 65-128 in 128-token tiles.
   const int nch = tokens > 64 ? 16 : 8;
-  if (tokens <= 32 || tokens > kWgmmaMaxTokens || S < 1 || (S > 1 && xth != 0)) return cudaErrorInvalidValue;
+  if (tokens <= 32 || tokens > kWgmmaMaxTokens || S < 1 || (S > 1 && xth != 0) || (wgc != 4 && wgc != 3) ||
+      (wgc == 3 && S == 1) || sms < 1)
+    return cudaErrorInvalidValue;
+  // One unit a CTA on unsplit weights (their epilogue takes the ring over); on split ones at most one
+  // CTA an SM, each running units bid, bid + grid, ... (nb_unit).
+  const int nt = (a.N + 127) / 128, units = nb_units(wgc, nt, S);
+  const int grid = (S > 1 ? min(units, sms) : units) + xth;
   WParams p{};
   static_cast<GemmOperands&>(p) = a;
   const int kt = (a.K + 63) / 64;
@@ -246,12 +322,9 @@ cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int 
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  if (nch == 8) {
-    if ((e = set_smem_limit_once<gemm_w12_nobar_kernel<8>>(dev, smem)) != cudaSuccess) return e;
-    return launch_ex(gemm_w12_nobar_kernel<8>, dim3(grid), dim3(kNbThreads), smem, stream, 1, pdl, p, map);
-  }
-  if ((e = set_smem_limit_once<gemm_w12_nobar_kernel<16>>(dev, smem)) != cudaSuccess) return e;
-  return launch_ex(gemm_w12_nobar_kernel<16>, dim3(grid), dim3(kNbThreads), smem, stream, 1, pdl, p, map);
+  if (nch == 8)
+    return wgc == 4 ? nb_launch<8, 4>(dev, grid, smem, stream, pdl, p, map) : nb_launch<8, 3>(dev, grid, smem, stream, pdl, p, map);
+  return wgc == 4 ? nb_launch<16, 4>(dev, grid, smem, stream, pdl, p, map) : nb_launch<16, 3>(dev, grid, smem, stream, pdl, p, map);
 }
 
 }  // namespace w12

@@ -75,6 +75,8 @@ constexpr int kPairsAll = 512;          // diagnostic 512: the pair grid on ever
 constexpr int kNoBalance = 8192;        // diagnostic 8192: never the balanced unsplit grid (BAL)
 constexpr int kNoBulkRecords = 16384;   // diagnostic 16384: never bulk-copied records at 1-2 tokens (BULK)
 constexpr int kNoXt = 32768;            // diagnostic 32768: the epilogue's escapes read x, never its transpose (XT)
+constexpr int kNoTriples = 1024;         // diagnostic 1024 at 33-128 tokens: never NB's triples (nobar_consumers)
+constexpr int kTriplesAll = 16384;      // diagnostic 16384 at 33-128 tokens: NB's triples on every split weight
 
 // The unsplit grids' epilogues (store_rows, store_rows_smem) and the XT helpers: smxx_wgmma_epilogue.cuh.
 
@@ -647,14 +649,30 @@ static bool split_ring(int nch, int wg, bool ov, int flags) { return nch == 16 &
 static bool nobar_form(int nch, int wg, bool sr, int flags) {
   return (nch == 16 ? sr : nch == 8 && wg == 4 && !(flags & 4096)) && !(flags & (kDeep | 3));
 }
+// NB's consumer warpgroups for a pass at 33..128 tokens (0: not NB). Triples (3, session 39) on a
+// split weight at 65..128 tokens where m-tile triples load the busiest SM with fewer m-tile slices
+// than pairs (four m-tiles) would: qkv [6144, 4096] 128 units of three m-tiles and a slice pair
+// (6 m-tile slices a CTA) against 192 pair units (8 on the busiest SMs), where v4's
+// single-row-tile grid runs 384 CTAs of 2 m-tiles at two per SM with a CTA barrier per record:
+// 25.8 -> 23.3 us at 128 tokens, 24.5 -> 22.9 at 65 (docs/perf-notes.md; o, down and every weight
+// at 33-64 tokens slower with them). Diagnostic 1024 (the DEEP loop's "never", inert above 16
+// tokens): never triples; 16384 (BULK's "never", inert above 2 tokens): triples on every split
+// weight at 33..128 tokens. Then pairs where nobar_form says.
+static int nobar_consumers(int nch, int nt, int S, int wg, bool sr, int sms, int flags) {
+  if (nch >= 8 && S > 1 && !(flags & (kDeep | 3 | kNoTriples))) {
+    const long u3 = (long)((2 * nt + 2) / 3) * S, u2 = (long)((nt + 1) / 2) * S;
+    if ((flags & kTriplesAll) || (nch == 16 && 3 * ((u3 + sms - 1) / sms) < 4 * ((u2 + sms - 1) / sms))) return 3;
+  }
+  return nobar_form(nch, wg, sr, flags) ? 4 : 0;
+}
 
-bool wgmma_nobar(int N, int K, int tokens, int target_ctas, int sms, int flags) {
-  if (tokens <= 32 || tokens > kMaxTokens) return false;
-  const int nch = tokens > 64 ? 16 : 8;
+int wgmma_nobar(int N, int K, int tokens, int target_ctas, int sms, int flags) {
+  if (tokens <= 32 || tokens > kMaxTokens) return 0;
+  const int nch = tokens > 64 ? 16 : 8, nt = (N + 127) / 128;
   const int kt = (K + 63) / 64, S = gemm_splits(N, K, target_ctas, sms, 4), kper = (kt + S - 1) / S;
   const bool ov = ((flags & 64) != 0) != (nch == 16);  // as the launcher's
-  const int wg = wgmma_warpgroups(nch, (N + 127) / 128, S, kper, sms, flags);
-  return nobar_form(nch, wg, split_ring(nch, wg, ov, flags), flags);
+  const int wg = wgmma_warpgroups(nch, nt, S, kper, sms, flags);
+  return nobar_consumers(nch, nt, S, wg, split_ring(nch, wg, ov, flags), sms, flags);
 }
 
 bool wgmma_pair_grid(int N, int K, int tokens, int target_ctas, int sms, int flags) {
@@ -748,7 +766,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
       st = kDeepStages;
     if (st == kDeepStages) kw = false;
     const int xt = kw ? 2 : 1;
-    const int parts = kw ? p.S / 2 : sp;  // parked partials per row tile
+    int parts = kw ? p.S / 2 : sp;  // parked partials per row tile
     // The balanced unsplit grid (BAL, session 20) at <= 32 tokens where the 128-row tiles leave
     // some SMs two and others one (gate_up: 224 tiles): 2 x SMs CTAs of 6-7 16-row slices, at most
     // two per SM (the shared-memory cap below); gate_up -0.2..1.1 us. Diagnostic 8192: never.
@@ -808,9 +826,16 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // Diagnostic 256 (the DEEP loop's bit, which acts at <= 16 tokens only) keeps the loops with the
     // CTA barrier here (the split ring at 65-128), as do 4096 and diagnostics 1 and 2 (NB has no
     // form for them). Same bits.
-    if (nobar_form(nch, wg, sr, a.flags))
-      e = gemm_nobar_launch(a, m0, tokens, p.S, p.kper, p.ws, p.xth, p.pdl != 0, grid, smem_min, stream);
-    else if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec, kw);
+    const int nbc = nch >= 8 ? nobar_consumers(nch, nt, p.S, wg, sr, di.sms, a.flags) : 0;
+    bool red_pairs = pair || kw;  // the reduce kernel's partials: one per slice pair
+    if (nbc) {
+      e = gemm_nobar_launch(a, m0, tokens, p.S, p.kper, p.ws, p.xth, p.pdl != 0, nbc, di.sms, smem_min, stream);
+      if (p.S > 1) grid = di.sms;  // at most one CTA an SM (the reduce kernel's slot rule below)
+      if (nbc == 3) {              // triples park one partial per slice pair
+        parts = (p.S + 1) / 2;
+        red_pairs = true;
+      }
+    } else if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec, kw);
     else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair, false, kw);
     else if (nch == 4) e = launch_pick<4>(st, ov, wg, p, grid, smem_min, stream, pair);
     else if (nch == 8) e = launch_pick<8>(st, ov, wg, p, grid, smem_min, stream, pair);
@@ -823,7 +848,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // sub-partition keeps 4096 of its 16384 for a warp after six 64-register GEMM warps).
     const bool slots = grid <= 2 * di.sms || (grid <= 3 * di.sms && parts <= 4);
     if (p.S > 1 && !(a.flags & 65536) &&
-        (e = gemm_reduce_launch(a, m0, tokens, parts, stream, pair || kw, slots)) != cudaSuccess)
+        (e = gemm_reduce_launch(a, m0, tokens, parts, stream, red_pairs, slots)) != cudaSuccess)
       return e;
   }
   return cudaSuccess;

@@ -308,7 +308,7 @@ def test_v4_nobar_changes_no_bit(shape, m, monkeypatch):
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
     monkeypatch.delenv("W12_GEMM_DIAG", raising=False)
-    assert cuda_ops.nobar(n, k, m, DEV, diag=0), "the shape must take NB"
+    assert cuda_ops.nobar(n, k, m, DEV, diag=0) == 4, "the shape must take NB's pairs"
     assert not any(cuda_ops.nobar(n, k, m, DEV, diag=d) for d in (256, 4096, 8))
     gen = torch.Generator().manual_seed(370 + m)
     wt = (_escape_weight(n, k, per_row, gen) if per_row else _weight(n, k, gen, spread=False)).to(DEV)
@@ -336,19 +336,63 @@ def test_v4_nobar_fewer_records_than_stages(m, monkeypatch):
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
     n, k = 128 * 19 + 8, 150
-    assert cuda_ops.nobar(n, k, m, DEV, diag=262144), "the shape must take NB with diagnostic 262144"
+    # (1024: not the triples, which this weight's 3 slices would take at 65-128 tokens.)
+    assert cuda_ops.nobar(n, k, m, DEV, diag=262144 | 1024) == 4, "the shape must take NB's pairs with 262144"
     gen = torch.Generator().manual_seed(380 + m)
     wt = _escape_weight(n, k, 1.0, gen).to(DEV)
     w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
-    monkeypatch.setenv("W12_GEMM_DIAG", "262144")
+    monkeypatch.setenv("W12_GEMM_DIAG", str(262144 | 1024))
     y = w12.linear(x, w)
     _assert_close(y, _ref(x, wt), x, wt)
     bits = y.view(torch.int16)
-    monkeypatch.setenv("W12_GEMM_DIAG", str(262144 | 4096))
+    monkeypatch.setenv("W12_GEMM_DIAG", str(262144 | 4096 | 1024))
     assert torch.equal(w12.linear(x, w).view(torch.int16), bits), "the pairs with the CTA barrier"
     monkeypatch.delenv("W12_GEMM_DIAG")
     assert torch.equal(w12.linear(x[:16].clone(), w).view(torch.int16), bits[:16]), "rows at 16 tokens"
+
+
+_NB3_SHAPES = {
+    "qkv": (6144, 4096, 0.25),
+    "odd-last-triple": (128 * 19 + 8, 4096, 3.0),
+    "short-slices": (128 * 19 + 8, 150, 1.0),
+}
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("shape,m", [(name, m) for name in _NB3_SHAPES for m in (33, 64, 65, 100, 128)])
+def test_v4_nobar_triples_change_no_bit(shape, m, monkeypatch):
+    # NB's triples (session 39): three consumer warpgroups on three consecutive 64-row m-tiles of a
+    # split weight, a CTA running units (triple, slice) one after another and parking each; its
+    # producer fills the ring with the next unit's records meanwhile. qkv: 256 units, two a CTA
+    # on 132 SMs, the default at 65-128 tokens there; 40 m-tiles: the last triple holds one m-tile
+    # and a record slot past the last row tile (nothing parked for it), triples of both parities
+    # (one from m-tile 1 of a row tile, whose record the previous triple copied too); K = 150: 3
+    # slices of one record, fewer steps a unit than the ring's stages. Diagnostic 16384 takes
+    # triples on any split weight at 33-128 tokens, 1024 never: the same wgmma per m-tile in the
+    # same order and the same partials, so the same bits, and the same rows as at 16 tokens.
+    n, k, per_row = _NB3_SHAPES[shape]
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
+    monkeypatch.delenv("W12_GEMM_DIAG", raising=False)
+    if shape == "qkv" and m > 64 and torch.cuda.get_device_properties(DEV).multi_processor_count == 132:
+        assert cuda_ops.nobar(n, k, m, DEV, diag=0) == 3, "qkv takes triples at 65-128 tokens on 132 SMs"
+    assert cuda_ops.nobar(n, k, m, DEV, diag=16384) == 3, "diagnostic 16384 must take triples"
+    assert cuda_ops.nobar(n, k, m, DEV, diag=16384 | 1024) != 3, "diagnostic 1024 must forbid them"
+    gen = torch.Generator().manual_seed(390 + m)
+    wt = _escape_weight(n, k, per_row, gen).to(DEV)
+    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    b = torch.randn(n, generator=gen).to(DEV)
+    monkeypatch.setenv("W12_GEMM_DIAG", "16384")
+    y = w12.linear(x, w, b)
+    _assert_close(y, _ref(x, wt, b), x, wt)
+    bits = y.view(torch.int16)
+    monkeypatch.setenv("W12_GEMM_DIAG", "1024")
+    assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), "without triples"
+    monkeypatch.delenv("W12_GEMM_DIAG")
+    assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), "the default forms"
+    assert torch.equal(w12.linear(x[-16:].clone(), w, b).view(torch.int16), bits[-16:]), "rows at 16 tokens"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")

@@ -59,7 +59,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 12
+_GEMM_ABI = 13
 
 
 def library_path() -> Path:
@@ -353,14 +353,15 @@ def _pair_grid(n: int, k: int, m: int, target: int, sms: int, diag: int) -> bool
     return bool(_gemm_lib().w12_gemm_pair_grid(n, k, m, target, sms, diag))
 
 
-def nobar(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> bool:
-    """Whether v4 runs its row-tile pairs without a CTA barrier per record (NB, sessions 37-38) for
-    an (N, K) weight at ``m`` token rows (one pass) on ``device``; ``diag`` as in :func:`pair_grid`.
+def nobar(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> int:
+    """The consumer warpgroups v4 runs without a CTA barrier per record (NB, sessions 37-39) for an
+    (N, K) weight at ``m`` token rows (one pass) on ``device``: 4 (row-tile pairs), 3 (m-tile
+    triples, split weights), or 0 where it runs another form; ``diag`` as in :func:`pair_grid`.
     Timing only: the bits are the same either way."""
     if diag is None:
         diag = _diag_env()
     dev = torch.device(device)
-    return bool(_gemm_lib().w12_gemm_nobar(n, k, m, target_ctas(dev), _check_device(dev), diag))
+    return int(_gemm_lib().w12_gemm_nobar(n, k, m, target_ctas(dev), _check_device(dev), diag))
 
 
 @functools.lru_cache(maxsize=4096)
