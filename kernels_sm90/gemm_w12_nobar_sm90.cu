@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
   const int tid = threadIdx.x;
   // Units (NbUnit) u = bid, bid + G, ... (G: the grid less the XT helpers). Unsplit weights run one
   // unit a CTA (the epilogue takes the ring over); on split weights (e.g. down, or qkv's triples) a
-  // CTA parks each unit's partial for v1's reduce kernel, as v4's split grids do, while its
-  // producer already fills the ring with the next unit's records.
+  // CTA parks each unit's partial (triples: one per slice pair) for v1's reduce kernel, as v4's
+  // split grids do, while its producer already fills the ring with the next records.
   const int nt = (p.N + 127) >> 7, G = gridDim.x - p.xth, bid = blockIdx.x - p.xth;
   const int parts = nb_parts(WGC, p.S), units = nb_units(WGC, nt, p.S);
   // The unit's first slice and slice count: triples run a slice pair (the PAIR grid's: each slice
@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       const int nrec = min(p.KT - (s0 + h) * p.kper, p.kper);
 #pragma unroll
       for (int k = 0; k < ND; ++k) acc[0][k] = 0.f;
-      // Half a record at a time, one A buffer (the deep loop's two need 127 registers; the consumers
-      // have 112): each half's two wgmma are a group of their own, so the wait before decoding a half
+      // Half a record at a time, one A buffer (the deep loop's two need 127 registers; the pairs'
+      // consumers have 112): each half's two wgmma are a group of their own, so the wait before decoding a half
       // into its part of the buffer retires only the same half of the previous record, and that
       // record's other half stays in flight through the decode. The same wgmma in the same order.
       for (int i = 0; i < nrec; ++i) {

@@ -75,7 +75,7 @@ constexpr int kPairsAll = 512;          // diagnostic 512: the pair grid on ever
 constexpr int kNoBalance = 8192;        // diagnostic 8192: never the balanced unsplit grid (BAL)
 constexpr int kNoBulkRecords = 16384;   // diagnostic 16384: never bulk-copied records at 1-2 tokens (BULK)
 constexpr int kNoXt = 32768;            // diagnostic 32768: the epilogue's escapes read x, never its transpose (XT)
-constexpr int kNoTriples = 1024;         // diagnostic 1024 at 33-128 tokens: never NB's triples (nobar_consumers)
+constexpr int kNoTriples = 1024;        // diagnostic 1024 at 33-128 tokens: never NB's triples (nobar_consumers)
 constexpr int kTriplesAll = 16384;      // diagnostic 16384 at 33-128 tokens: NB's triples on every split weight
 
 // The unsplit grids' epilogues (store_rows, store_rows_smem) and the XT helpers: smxx_wgmma_epilogue.cuh.

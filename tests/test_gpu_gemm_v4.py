@@ -354,6 +354,7 @@ def test_v4_nobar_fewer_records_than_stages(m, monkeypatch):
 
 _NB3_SHAPES = {
     "qkv": (6144, 4096, 0.25),
+    "two-units-a-cta": (9216, 4096, 0.25),
     "odd-last-triple": (128 * 19 + 8, 4096, 3.0),
     "short-slices": (128 * 19 + 8, 150, 1.0),
 }
@@ -363,14 +364,17 @@ _NB3_SHAPES = {
 @pytest.mark.parametrize("shape,m", [(name, m) for name in _NB3_SHAPES for m in (33, 64, 65, 100, 128)])
 def test_v4_nobar_triples_change_no_bit(shape, m, monkeypatch):
     # NB's triples (session 39): three consumer warpgroups on three consecutive 64-row m-tiles of a
-    # split weight, a CTA running units (triple, slice) one after another and parking each; its
-    # producer fills the ring with the next unit's records meanwhile. qkv: 256 units, two a CTA
-    # on 132 SMs, the default at 65-128 tokens there; 40 m-tiles: the last triple holds one m-tile
-    # and a record slot past the last row tile (nothing parked for it), triples of both parities
-    # (one from m-tile 1 of a row tile, whose record the previous triple copied too); K = 150: 3
-    # slices of one record, fewer steps a unit than the ring's stages. Diagnostic 16384 takes
-    # triples on any split weight at 33-128 tokens, 1024 never: the same wgmma per m-tile in the
-    # same order and the same partials, so the same bits, and the same rows as at 16 tokens.
+    # split weight over a K slice pair, each slice from zero, parking p_2j, then p_2j + p_2j+1 in its
+    # place (the reduce kernel's pair mode); at most one CTA an SM, running its units one after
+    # another while its producer fills the ring with the next records. qkv: 128 units, the
+    # default at 65-128 tokens on 132 SMs (and with 262144 row-tile pairs instead: 192 units,
+    # some CTAs running two); [9216, 4096]: 5 slices (the last pair a lone slice), 144 units, so
+    # on 132 SMs some CTAs run two; 40 m-tiles: the last triple holds one m-tile and a record slot
+    # past the last row tile (nothing parked for it), triples of both parities (one from m-tile 1
+    # of a row tile, whose record the previous triple copied too); K = 150: 3 slices of one
+    # record, fewer steps a unit than the ring's stages. Diagnostic 16384 takes triples on any
+    # split weight at 33-128 tokens, 1024 never: the same wgmma per m-tile in the same order and
+    # the same sums, so the same bits, and the same rows as at 16 tokens.
     n, k, per_row = _NB3_SHAPES[shape]
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
@@ -390,6 +394,10 @@ def test_v4_nobar_triples_change_no_bit(shape, m, monkeypatch):
     bits = y.view(torch.int16)
     monkeypatch.setenv("W12_GEMM_DIAG", "1024")
     assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), "without triples"
+    if shape == "qkv" and m > 64:
+        assert cuda_ops.nobar(n, k, m, DEV, diag=262144 | 1024) == 4
+        monkeypatch.setenv("W12_GEMM_DIAG", str(262144 | 1024))
+        assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), "row-tile pairs, units back to back"
     monkeypatch.delenv("W12_GEMM_DIAG")
     assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), "the default forms"
     assert torch.equal(w12.linear(x[-16:].clone(), w, b).view(torch.int16), bits[-16:]), "rows at 16 tokens"
