@@ -131,6 +131,13 @@ cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int
 // sms: the SM count (split weights: at most one CTA an SM). wgmma_nobar: the consumer warpgroups v4
 // takes for an (N, K) weight at `tokens` rows (one pass), diagnostics `flags`; 0 where not NB.
 int wgmma_nobar(int N, int K, int tokens, int target_ctas, int sms, int flags);
+// NB's partials per m-tile group of wgc consumer warpgroups (triples: one per K slice pair), and
+// its units (m-tile group, partial) for nt 128-row tiles in S K slices; the kernel's grid, its
+// launcher's reduce kernel and nobar_consumers' rule count them alike.
+__host__ __device__ constexpr int nb_parts(int wgc, int S) { return wgc == 3 ? (S + 1) / 2 : S; }
+__host__ __device__ constexpr int nb_units(int wgc, int nt, int S) {
+  return (wgc == 4 ? (nt + 1) / 2 : (2 * nt + 2) / 3) * nb_parts(wgc, S);
+}
 cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int kper, void* ws, int xth, bool pdl,
                               int wgc, int sms, int smem_min, cudaStream_t stream);
 // Whether v4's launcher, where it runs a split grid, takes the pair grid (PAIR: one CTA per two

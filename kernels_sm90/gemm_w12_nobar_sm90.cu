@@ -93,11 +93,7 @@ __device__ __forceinline__ void regs_dec() {
 // exist); consumer warpgroup w takes m-tile (w + odd) & 1 of record slot (w + odd) >> 1. Pairs
 // (WGC = 4): 2 row tiles from 2 g, never odd. Triples (WGC = 3): m-tiles 3g..3g + 2, i.e. row tile
 // 3g / 2 from m-tile g & 1; a triple's half-used record is also the next triple's, copied by both
-// (the same slices, so the second read mostly hits L2). nb_parts: units per m-tile group.
-__host__ __device__ constexpr int nb_parts(int wgc, int S) { return wgc == 3 ? (S + 1) / 2 : S; }
-__host__ __device__ constexpr int nb_units(int wgc, int nt, int S) {
-  return (wgc == 4 ? (nt + 1) / 2 : (2 * nt + 2) / 3) * nb_parts(wgc, S);
-}
+// (the same slices, so the second read mostly hits L2). nb_parts / nb_units: gemm_w12_mma.cuh.
 struct NbUnit {
   int ft, odd, part, nrt;
 };

@@ -660,8 +660,11 @@ static bool nobar_form(int nch, int wg, bool sr, int flags) {
 // weight at 33..128 tokens. Then pairs where nobar_form says.
 static int nobar_consumers(int nch, int nt, int S, int wg, bool sr, int sms, int flags) {
   if (nch >= 8 && S > 1 && !(flags & (kDeep | 3 | kNoTriples))) {
-    const long u3 = (long)((2 * nt + 2) / 3) * S, u2 = (long)((nt + 1) / 2) * S;
-    if ((flags & kTriplesAll) || (nch == 16 && 3 * ((u3 + sms - 1) / sms) < 4 * ((u2 + sms - 1) / sms))) return 3;
+    // m-tile slices on the busiest SM: a triple unit holds 3 m-tiles x a slice pair, a pair unit
+    // 4 m-tiles x one slice.
+    const long u3 = nb_units(3, nt, S), u2 = nb_units(4, nt, S);
+    if ((flags & kTriplesAll) || (nch == 16 && 3 * 2 * ((u3 + sms - 1) / sms) < 4 * ((u2 + sms - 1) / sms)))
+      return 3;
   }
   return nobar_form(nch, wg, sr, flags) ? 4 : 0;
 }
@@ -826,15 +829,13 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // Diagnostic 256 (the DEEP loop's bit, which acts at <= 16 tokens only) keeps the loops with the
     // CTA barrier here (the split ring at 65-128), as do 4096 and diagnostics 1 and 2 (NB has no
     // form for them). Same bits.
-    const int nbc = nch >= 8 ? nobar_consumers(nch, nt, p.S, wg, sr, di.sms, a.flags) : 0;
+    const int nbc = nobar_consumers(nch, nt, p.S, wg, sr, di.sms, a.flags);
     bool red_pairs = pair || kw;  // the reduce kernel's partials: one per slice pair
     if (nbc) {
       e = gemm_nobar_launch(a, m0, tokens, p.S, p.kper, p.ws, p.xth, p.pdl != 0, nbc, di.sms, smem_min, stream);
       if (p.S > 1) grid = di.sms;  // at most one CTA an SM (the reduce kernel's slot rule below)
-      if (nbc == 3) {              // triples park one partial per slice pair
-        parts = (p.S + 1) / 2;
-        red_pairs = true;
-      }
+      parts = nb_parts(nbc, p.S);  // triples park one partial per slice pair
+      red_pairs = red_pairs || parts != p.S;
     } else if (nch == 1) e = launch_pick<1>(st, ov, wg, p, grid, smem_min, stream, pair, bulk_rec, kw);
     else if (nch == 2) e = launch_pick<2>(st, ov, wg, p, grid, smem_min, stream, pair, false, kw);
     else if (nch == 4) e = launch_pick<4>(st, ov, wg, p, grid, smem_min, stream, pair);

@@ -404,6 +404,21 @@ def test_v4_nobar_triples_change_no_bit(shape, m, monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [65, 128])
+def test_v4_triples_rule_counts_slice_pairs(m):
+    # The rule compares the busiest SM's m-tile slices with triples' units as they run (three
+    # m-tiles over a slice pair) against pairs' (four m-tiles over one slice). Counting a triple
+    # unit as one slice took triples on k/v [1024, 4096] (S = 16) and [9216, 4096] (S = 5), 28 % and
+    # 24 % slower there at 128 tokens (docs/perf-notes.md, session 40). Timing only: the bits are
+    # the same either way (test_v4_nobar_triples_change_no_bit).
+    if torch.cuda.get_device_properties(DEV).multi_processor_count != 132:
+        pytest.skip("the counts below are for 132 SMs")
+    assert cuda_ops.nobar(6144, 4096, m, DEV, diag=0) == 3, "qkv: 128 triple units against 192 pair units"
+    assert cuda_ops.nobar(1024, 4096, m, DEV, diag=0) != 3, "k/v: 48 triple units of 6 m-tile slices"
+    assert cuda_ops.nobar(9216, 4096, m, DEV, diag=0) != 3, "[9216, 4096]: 144 triple units, two on some SMs"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("per_row", [0.25, 3.0])
 @pytest.mark.parametrize("m", [33, 64, 100, 128])
 def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
