@@ -67,6 +67,12 @@ static_assert(nb_consumers(4) * kNbConsumerRegs + kThreads * kNbProducerRegs <= 
 static_assert(nb_stage_bytes(8) % 1024 == 0 && nb_stage_bytes(16) % 1024 == 0, "128-byte swizzle atoms");
 static_assert(epilogue_smem_bytes(8, 2) <= nb_smem_bytes(8) && epilogue_smem_bytes(16, 2) <= nb_smem_bytes(16),
               "the epilogue reuses the ring");
+// Unsplit grids with an XT scratch stage their escapes past the ring (EscStage, store_rows_smem).
+constexpr int nb_staged_smem_bytes(int nch) { return nb_smem_bytes(nch) + (int)sizeof(EscStage); }
+static_assert(nb_smem_bytes(8) % 16 == 0 && nb_smem_bytes(16) % 16 == 0, "EscStage's copies: 16-byte aligned");
+// (The kernel's static shared memory is 2 KB: cuobjdump --dump-resource-usage.)
+static_assert(nb_staged_smem_bytes(8) <= 227 * 1024 - 2048 && nb_staged_smem_bytes(16) <= 227 * 1024 - 2048,
+              "an SM's shared memory for one CTA, beside the kernel's static shared memory");
 
 #if W12_WGMMA
 // 2-D tensor copy of the box at (c0, c1) (column, token) into shared memory, completing on `bar`.
@@ -84,6 +90,47 @@ __device__ __forceinline__ void regs_inc() {
 template <int R>
 __device__ __forceinline__ void regs_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+
+// NB's producer thread stages the escapes of the CTA's rows row0 .. row0 + 255 (EscStage) in two
+// steps between its refills, each a few instructions and at most one load round trip while the ring
+// holds four steps of work. First the columns and values of the first kEscStaged escapes (their
+// copies start at 16-byte boundaries and end at escape ecta0 + ncols, a multiple of 8, so that no
+// byte past the CTA's escapes is read; none where the arrays are not 16-byte aligned).
+__device__ __forceinline__ int stage_escape_lists(EscStage* es, int row0, const WParams& p) {
+  const int e0 = __ldg(p.esc_ptr + row0), e1 = __ldg(p.esc_ptr + min(row0 + 256, p.N));
+  const bool aligned = ((reinterpret_cast<uintptr_t>(p.esc_col) | reinterpret_cast<uintptr_t>(p.esc_val)) & 15) == 0;
+  const int end = (e0 + min(e1 - e0, kEscStaged)) & ~7, n = aligned ? max(end - e0, 0) : 0;
+  es->ncols = n;
+  if (n > 0) {
+    const int c0 = e0 & ~3, v0 = e0 & ~7;
+    es->colsh = e0 - c0;
+    es->valsh = e0 - v0;
+    const uint32_t bar = smem_u32(&es->bar_cols), bc = (end - c0) * 4, bv = (end - v0) * 2;
+    mbar_arrive_expect_tx(bar, bc + bv);
+    bulk_copy_g2s(smem_u32(es->cols), p.esc_col + c0, bc, bar);
+    bulk_copy_g2s(smem_u32(es->vals), p.esc_val + v0, bv, bar);
+  }
+  return n;
+}
+// Then, once the XT helpers have transposed every block of x (xt: x^T, else nullptr, staging no
+// activations), each staged escape's x^T row, completing bar_x; the counts are written before its
+// arrival (a release), which the epilogue's wait acquires.
+__device__ __forceinline__ void stage_escape_x(EscStage* es, int n, const uint16_t* xt) {
+  if (n > 0) mbar_wait(smem_u32(&es->bar_cols), 0);
+  const uint32_t bar = smem_u32(&es->bar_x);
+  if (xt == nullptr || n == 0) {
+    es->nx = 0;
+    mbar_arrive(bar);
+    return;
+  }
+  // x^T was written by other CTAs' generic stores (seen through the count's acquire); these copies
+  // read it through the async proxy.
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  es->nx = n;
+  mbar_arrive_expect_tx(bar, n * kWgmmaMaxTokens * 2);
+  for (int k = 0; k < n; ++k)
+    bulk_copy_g2s(smem_u32(es->x[k]), xt + (size_t)es->cols[k + es->colsh] * kWgmmaMaxTokens, kWgmmaMaxTokens * 2, bar);
 }
 #endif
 
@@ -130,6 +177,10 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
   __shared__ __align__(8) uint64_t bars[2 * kNbStages];
   const uint32_t full = smem_u32(&bars[0]), empty = full + 8 * kNbStages;
   const uint32_t sbase = smem_u32(smem);
+  // The escape staging past the ring (EscStage): unsplit grids with an XT scratch.
+  constexpr int kStg = WGC == 4 ? nb_smem_bytes(NCH) : 0;
+  EscStage* const es = reinterpret_cast<EscStage*>(smem + nb_smem_bytes(NCH));
+  const bool stg = WGC == 4 && p.S == 1 && p.ws != nullptr;
   // With PDL nothing the previous kernel may write is read before the wait.
   if (p.pdl) pdl_wait();
   // The reduce kernel (S > 1) only waits for this grid's completion: let its CTAs be placed now.
@@ -139,6 +190,10 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       mbar_init(full + 8 * s, 1);
       mbar_init(empty + 8 * s, WGC);
     }
+    if (stg) {
+      mbar_init(smem_u32(&es->bar_cols), 1);
+      mbar_init(smem_u32(&es->bar_x), 1);
+    }
     mbar_fence_init();
   }
   __syncthreads();  // the barriers' initialisation before any thread waits on them (the last CTA-wide barrier)
@@ -146,12 +201,24 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
   if (tid >= kCons) {
     if constexpr (WGC == 4) regs_dec<kNbProducerRegs>();
     if (tid != kCons) return;
-    // c: steps issued over the CTA's units; stage s = c % kNbStages.
+    // c: steps issued over the CTA's units; stage s = c % kNbStages. The escape staging (stg: one
+    // unit a CTA): its lists once the ring is first full, their activations from two steps later,
+    // at every fourth step until the XT helpers are done (else after the last step, without them).
+    int sn = -1;          // escapes staged (-1: lists not yet)
+    bool sx = !stg;       // bar_x arrived
+    const int* xcnt = static_cast<const int*>(static_cast<const void*>(p.ws));
     for (int u = bid, c = 0, s = 0; u < units; u += G) {
       const NbUnit un = nb_unit<WGC>(u, parts, nt);
       const int kt0 = kSl * un.part * p.kper, nrec = min(p.KT - kt0, kSl * p.kper);
       const uint8_t* recb = p.records + ((size_t)un.ft * p.KT + kt0) * kRec;
       for (int i = 0; i < nrec; ++i, ++c) {
+        if (!sx) {
+          if (sn < 0 && c == kNbStages) sn = stage_escape_lists(es, un.ft * 128, p);
+          else if (sn >= 0 && c >= kNbStages + 2 && (c & 3) == 2 && ld_acquire_gpu(xcnt) >= p.KT) {
+            stage_escape_x(es, sn, xt_of(p.ws));
+            sx = true;
+          }
+        }
         // Stage s last held step c - kNbStages; its release completed phase (c / kNbStages - 1) & 1.
         if (c >= kNbStages) {
           mbar_wait(empty + 8 * s, ((c / kNbStages) - 1) & 1);
@@ -163,6 +230,10 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
         tma_load_2d(dst + kNbRecBytes, &tmx, (kt0 + i) * 64, 0, bar);
         s = s == kNbStages - 1 ? 0 : s + 1;
       }
+    }
+    if (!sx) {  // short grids, or the XT helpers not done by the last step: the epilogue reads L2
+      if (sn < 0) sn = stage_escape_lists(es, (bid < units ? nb_unit<WGC>(bid, parts, nt).ft : 0) * 128, p);
+      stage_escape_x(es, sn, ld_acquire_gpu(xcnt) >= p.KT ? xt_of(p.ws) : nullptr);
     }
     return;
   }
@@ -227,7 +298,7 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       // that the epilogue (after its own barrier among the consumers) takes over: unsplit grids
       // run one unit a CTA and the producer has issued nothing more.
       if (p.S == 1) {
-        if constexpr (WGC == 4) store_rows_smem<NCH, 1, 4, kCons>(acc, smem, un.ft * 128, p);
+        if constexpr (WGC == 4) store_rows_smem<NCH, 1, 4, kCons, kStg>(acc, smem, un.ft * 128, p);
         return;
       }
       if (rowtile >= nt) continue;
@@ -314,7 +385,7 @@ cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int 
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  const int smem = max(nb_smem_bytes(nch), smem_min);
+  const int smem = max(S == 1 && ws != nullptr ? nb_staged_smem_bytes(nch) : nb_smem_bytes(nch), smem_min);
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
