@@ -20,7 +20,7 @@
 // the barrier lost more to their hand-offs (200-450 cycles a warp and step: a shared atomic whose
 // result was awaited, an arrival per warp, refills waiting for thread 0's schedule) than the
 // barrier costs. Here the hand-offs are the ones Hopper's warp-specialised GEMMs use:
-// - a fifth warpgroup produces (setmaxnreg: 24 registers, the consumers 112): one thread waits for
+// - a fifth warpgroup produces (setmaxnreg: 32 registers, the consumers 112): one thread waits for
 //   a stage's empty barrier and refills it;
 // - a stage holds a record pair and its activation tile (one TMA box of 64 columns x T tokens,
 //   128-byte swizzle, rows >= M zero from the tensor map's bounds) behind one full barrier;
@@ -61,7 +61,7 @@ constexpr int nb_smem_bytes(int nch) { return nb_stages(nch) * nb_stage_bytes(nc
 // producer must have given back, or their setmaxnreg.inc waits forever. (Triples: 512 threads
 // start with 128 registers each, more than the consumers need, so they move none.)
 constexpr int kNbLaunchRegs = 65536 / nb_threads(4) / 8 * 8;
-constexpr int kNbConsumerRegs = 112, kNbProducerRegs = 24;
+constexpr int kNbConsumerRegs = 112, kNbProducerRegs = 32;
 static_assert(nb_consumers(4) * kNbConsumerRegs + kThreads * kNbProducerRegs <= nb_threads(4) * kNbLaunchRegs,
               "the CTA's registers");
 static_assert(nb_stage_bytes(8) % 1024 == 0 && nb_stage_bytes(16) % 1024 == 0, "128-byte swizzle atoms");
@@ -69,7 +69,7 @@ static_assert(epilogue_smem_bytes(8, 2) <= nb_smem_bytes(8) && epilogue_smem_byt
               "the epilogue reuses the ring");
 // Unsplit grids with an XT scratch stage their escapes past the ring (EscStage, store_rows_smem).
 constexpr int nb_staged_smem_bytes(int nch) { return nb_smem_bytes(nch) + (int)sizeof(EscStage); }
-static_assert(nb_smem_bytes(8) % 16 == 0 && nb_smem_bytes(16) % 16 == 0, "EscStage's copies: 16-byte aligned");
+static_assert(nb_smem_bytes(8) % 16 == 0 && nb_smem_bytes(16) % 16 == 0, "EscStage's 16-byte stores");
 // (The kernel's static shared memory is 2 KB: cuobjdump --dump-resource-usage.)
 static_assert(nb_staged_smem_bytes(8) <= 227 * 1024 - 2048 && nb_staged_smem_bytes(16) <= 227 * 1024 - 2048,
               "an SM's shared memory for one CTA, beside the kernel's static shared memory");
@@ -92,45 +92,56 @@ __device__ __forceinline__ void regs_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
 }
 
-// NB's producer thread stages the escapes of the CTA's rows row0 .. row0 + 255 (EscStage) in two
-// steps between its refills, each a few instructions and at most one load round trip while the ring
-// holds four steps of work. First the columns and values of the first kEscStaged escapes (their
-// copies start at 16-byte boundaries and end at escape ecta0 + ncols, a multiple of 8, so that no
-// byte past the CTA's escapes is read; none where the arrays are not 16-byte aligned).
-__device__ __forceinline__ int stage_escape_lists(EscStage* es, int row0, const WParams& p) {
+// Escape staging (EscStage) by the producer warpgroup's other three warps, which have nothing else
+// to do: the CTA's first kEscStaged escapes' columns and values, then, once the XT helpers' count
+// says x^T is complete (polled with a pause, for at most ~kStagePolls us; the epilogue reads L2
+// otherwise), each one's x^T row, 16 bytes a load; plain loads and stores, so that nothing queues
+// in the copy engine ahead of the ring's records (session 40: 96 bulk copies of 256 bytes from
+// the producer thread made gate_up 7 us slower at 128 tokens). Each of the 96 threads arrives on
+// bar_x after its own stores (a release), the first after writing the counts.
+constexpr int kStagers = 96, kStagePolls = 200;
+__device__ __forceinline__ void stage_escapes(EscStage* es, int row0, const WParams& p) {
+  const int st = threadIdx.x % kThreads - 32;
   const int e0 = __ldg(p.esc_ptr + row0), e1 = __ldg(p.esc_ptr + min(row0 + 256, p.N));
-  const bool aligned = ((reinterpret_cast<uintptr_t>(p.esc_col) | reinterpret_cast<uintptr_t>(p.esc_val)) & 15) == 0;
-  const int end = (e0 + min(e1 - e0, kEscStaged)) & ~7, n = aligned ? max(end - e0, 0) : 0;
-  es->ncols = n;
-  if (n > 0) {
-    const int c0 = e0 & ~3, v0 = e0 & ~7;
-    es->colsh = e0 - c0;
-    es->valsh = e0 - v0;
-    const uint32_t bar = smem_u32(&es->bar_cols), bc = (end - c0) * 4, bv = (end - v0) * 2;
-    mbar_arrive_expect_tx(bar, bc + bv);
-    bulk_copy_g2s(smem_u32(es->cols), p.esc_col + c0, bc, bar);
-    bulk_copy_g2s(smem_u32(es->vals), p.esc_val + v0, bv, bar);
-  }
-  return n;
-}
-// Then, once the XT helpers have transposed every block of x (xt: x^T, else nullptr, staging no
-// activations), each staged escape's x^T row, completing bar_x; the counts are written before its
-// arrival (a release), which the epilogue's wait acquires.
-__device__ __forceinline__ void stage_escape_x(EscStage* es, int n, const uint16_t* xt) {
-  if (n > 0) mbar_wait(smem_u32(&es->bar_cols), 0);
-  const uint32_t bar = smem_u32(&es->bar_x);
-  if (xt == nullptr || n == 0) {
-    es->nx = 0;
-    mbar_arrive(bar);
+  const int n = min(e1 - e0, kEscStaged);
+  int nx = 0;
+#if W12_STAGE_PROBE
+  if (p.diag & 4) {  // probe: nothing staged
+    if (st == 0) es->ncols = es->nx = 0;
+    mbar_arrive(smem_u32(&es->bar_x));
     return;
   }
-  // x^T was written by other CTAs' generic stores (seen through the count's acquire); these copies
-  // read it through the async proxy.
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-  es->nx = n;
-  mbar_arrive_expect_tx(bar, n * kWgmmaMaxTokens * 2);
-  for (int k = 0; k < n; ++k)
-    bulk_copy_g2s(smem_u32(es->x[k]), xt + (size_t)es->cols[k + es->colsh] * kWgmmaMaxTokens, kWgmmaMaxTokens * 2, bar);
+#endif
+  for (int k = st; k < n; k += kStagers) {
+    es->cols[k] = __ldg(p.esc_col + e0 + k);
+    es->vals[k] = __ldg(p.esc_val + e0 + k);
+  }
+  asm volatile("bar.sync 2, %0;" ::"n"(kStagers) : "memory");  // every column in place
+  const int* cnt = static_cast<const int*>(static_cast<const void*>(p.ws));
+  bool ready = false;
+  for (int i = 0; i < kStagePolls && !(ready = ld_acquire_gpu(cnt) >= p.KT); ++i) __nanosleep(1000);
+#if W12_STAGE_PROBE
+  if (p.diag & 16) ready = false, nx = n;  // probe: x "staged" but never copied (wrong output)
+#endif
+  if (ready) {
+    const uint16_t* xt = xt_of(p.ws);
+    constexpr int kChunks = kWgmmaMaxTokens * 2 / 16;  // 16-byte pieces of an x^T row
+    for (int q = st; q < n * kChunks; q += 2 * kStagers) {
+      const int q1 = q + kStagers;
+      const uint4 v0 = __ldcg(reinterpret_cast<const uint4*>(xt + (size_t)es->cols[q / kChunks] * kWgmmaMaxTokens) + q % kChunks);
+      uint4 v1 = make_uint4(0, 0, 0, 0);
+      if (q1 < n * kChunks)
+        v1 = __ldcg(reinterpret_cast<const uint4*>(xt + (size_t)es->cols[q1 / kChunks] * kWgmmaMaxTokens) + q1 % kChunks);
+      reinterpret_cast<uint4*>(es->x[q / kChunks])[q % kChunks] = v0;
+      if (q1 < n * kChunks) reinterpret_cast<uint4*>(es->x[q1 / kChunks])[q1 % kChunks] = v1;
+    }
+    nx = n;
+  }
+  if (st == 0) {
+    es->ncols = n;
+    es->nx = nx;
+  }
+  mbar_arrive(smem_u32(&es->bar_x));
 }
 #endif
 
@@ -191,8 +202,7 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       mbar_init(empty + 8 * s, WGC);
     }
     if (stg) {
-      mbar_init(smem_u32(&es->bar_cols), 1);
-      mbar_init(smem_u32(&es->bar_x), 1);
+      mbar_init(smem_u32(&es->bar_x), kStagers);
     }
     mbar_fence_init();
   }
@@ -200,25 +210,16 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
 
   if (tid >= kCons) {
     if constexpr (WGC == 4) regs_dec<kNbProducerRegs>();
-    if (tid != kCons) return;
-    // c: steps issued over the CTA's units; stage s = c % kNbStages. The escape staging (stg: one
-    // unit a CTA): its lists once the ring is first full, their activations from two steps later,
-    // at every fourth step until the XT helpers are done (else after the last step, without them).
-    int sn = -1;          // escapes staged (-1: lists not yet)
-    bool sx = !stg;       // bar_x arrived
-    const int* xcnt = static_cast<const int*>(static_cast<const void*>(p.ws));
+    if (tid != kCons) {
+      if (stg && tid >= kCons + 32) stage_escapes(es, nb_unit<WGC>(bid, parts, nt).ft * 128, p);
+      return;
+    }
+    // c: steps issued over the CTA's units; stage s = c % kNbStages.
     for (int u = bid, c = 0, s = 0; u < units; u += G) {
       const NbUnit un = nb_unit<WGC>(u, parts, nt);
       const int kt0 = kSl * un.part * p.kper, nrec = min(p.KT - kt0, kSl * p.kper);
       const uint8_t* recb = p.records + ((size_t)un.ft * p.KT + kt0) * kRec;
       for (int i = 0; i < nrec; ++i, ++c) {
-        if (!sx) {
-          if (sn < 0 && c == kNbStages) sn = stage_escape_lists(es, un.ft * 128, p);
-          else if (sn >= 0 && c >= kNbStages + 2 && (c & 3) == 2 && ld_acquire_gpu(xcnt) >= p.KT) {
-            stage_escape_x(es, sn, xt_of(p.ws));
-            sx = true;
-          }
-        }
         // Stage s last held step c - kNbStages; its release completed phase (c / kNbStages - 1) & 1.
         if (c >= kNbStages) {
           mbar_wait(empty + 8 * s, ((c / kNbStages) - 1) & 1);
@@ -230,10 +231,6 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
         tma_load_2d(dst + kNbRecBytes, &tmx, (kt0 + i) * 64, 0, bar);
         s = s == kNbStages - 1 ? 0 : s + 1;
       }
-    }
-    if (!sx) {  // short grids, or the XT helpers not done by the last step: the epilogue reads L2
-      if (sn < 0) sn = stage_escape_lists(es, (bid < units ? nb_unit<WGC>(bid, parts, nt).ft : 0) * 128, p);
-      stage_escape_x(es, sn, ld_acquire_gpu(xcnt) >= p.KT ? xt_of(p.ws) : nullptr);
     }
     return;
   }

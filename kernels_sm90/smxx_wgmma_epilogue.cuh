@@ -229,23 +229,20 @@ constexpr int esc_count_offset(int nch, int rt) {
 }
 constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch, rt) + 4 * rt * 4; }
 
-// Escapes staged during the main loop (NB's unsplit grids, session 40, docs/perf-notes.md): NB's
-// producer thread bulk-copies the CTA's first escapes' columns and values, and once the XT helpers
-// are done each one's x^T row (kWgmmaMaxTokens tokens), into shared memory past the ring, so that
-// the epilogue's listing and escape pass find them there instead of in L2 behind their dependent
-// round trips (esc_ptr -> esc_col -> x^T), which session 31 measured at 3-4 us per CTA at 128
-// tokens (all escapes' work: gate_up 2.9, lm_head 15.7 us a launch). The same values, so the
-// same bits. Escapes ecta0 .. ecta0 + ncols - 1 (ecta0 = esc_ptr[the CTA's first row]) have their
-// column at cols[k + colsh] and value at vals[k + valsh] (the copies start at 16-byte boundaries),
-// the first nx of them their activations at x[k]; ncols is cut to a multiple of 8 past ecta0's
-// boundary so that no copy reads past the CTA's escapes. bar_x completes once all of that has
-// landed (or nothing was staged: ncols = nx = 0).
+// Escapes staged during the main loop (NB's unsplit grids, session 40, docs/perf-notes.md): the
+// producer warpgroup's idle warps load the CTA's first escapes' columns and values, and once the
+// XT helpers are done each one's x^T row (kWgmmaMaxTokens tokens), into shared memory past the
+// ring, so that the epilogue's listing and escape pass find them there instead of behind their
+// dependent L2 round trips (esc_ptr -> esc_col -> x^T; session 31: all escape work 2.9 us of
+// gate_up and 15.7 of lm_head at 128 tokens). The same values, so the same bits. Escapes
+// ecta0 + k (ecta0 = esc_ptr[the CTA's first row]) for k < ncols have their column and value
+// here, those for k < nx their activations; bar_x completes once all of it is in place.
 constexpr int kEscStaged = 96;
 struct EscStage {
-  uint64_t bar_cols, bar_x;
-  int ncols, nx, colsh, valsh;
-  alignas(16) int32_t cols[kEscStaged + 4];
-  alignas(16) int16_t vals[kEscStaged + 8];
+  uint64_t bar_x;
+  int ncols, nx;
+  int32_t cols[kEscStaged];
+  int16_t vals[kEscStaged];
   alignas(16) uint16_t x[kEscStaged][kWgmmaMaxTokens];
 };
 
@@ -394,8 +391,8 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
       for (int e = e0; e < e1; ++e) {
         const int k = e - cta_e0;
         const bool st = k < ncols;
-        const uint32_t col = static_cast<uint32_t>(st ? es->cols[k + es->colsh] : __ldg(esc_col + e));
-        const uint16_t val = static_cast<uint16_t>(st ? es->vals[k + es->valsh] : __ldg(esc_val + e));
+        const uint32_t col = static_cast<uint32_t>(st ? es->cols[k] : __ldg(esc_col + e));
+        const uint16_t val = static_cast<uint16_t>(st ? es->vals[k] : __ldg(esc_val + e));
         escs[k] = make_uint2(col, __float_as_uint(bf16_bits_to_float(val)));
       }
     } else {
@@ -438,14 +435,14 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   };
   auto load_x = [&](const EscRow& er, int c, float (&xv)[TPL]) {
     const int k = er.first + c;
-    if (STG != 0 && k < nx) {
+    const uint32_t col = escs[k].x;
+    if (STG != 0 && k < nx) {  // (k is the warp's: a uniform branch)
 #pragma unroll
       for (int j = 0; j < TPL; ++j) xv[j] = bf16_bits_to_float(es->x[k][min(lane + 32 * j, M - 1)]);
-      return;
-    }
-    const uint32_t col = escs[k].x;
+    } else {
 #pragma unroll
-    for (int j = 0; j < TPL; ++j) xv[j] = xat(col, min(lane + 32 * j, M - 1));
+      for (int j = 0; j < TPL; ++j) xv[j] = xat(col, min(lane + 32 * j, M - 1));
+    }
   };
   auto apply = [&](const EscRow& er, const float (&x0)[TPL], const float (&x1)[TPL]) {
     float v[TPL];

@@ -458,12 +458,11 @@ def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
 def test_v4_nobar_staged_escapes(case, m, monkeypatch):
     # NB's unsplit grids stage the CTA's first escapes (columns, values and their x^T rows) in shared
     # memory during the main loop (EscStage, session 40), the epilogue reading the rest from L2 as
-    # before. "short-k": 3 records, fewer steps than the ring's stages, so the producer stages after
-    # its last step (row-tile pairs forced at 65-128 tokens, 262144, where K this short would not
-    # take them); "misaligned": escape arrays 4 / 2 bytes off a 16-byte boundary, which the bulk
-    # copies cannot read, so nothing is staged; "dense": 3 escapes a row, ~770 a CTA, 96 staged.
-    # Without an XT scratch (32768) nothing is staged either: the same bits, the same rows as at
-    # 16 tokens, close to the FP64 reference.
+    # before. "short-k": 3 records, a loop shorter than the XT helpers' work, so the epilogue waits
+    # for the staging (row-tile pairs forced at 65-128 tokens, 262144, where K this short would
+    # not take them); "misaligned": escape arrays 4 / 2 bytes off a 16-byte boundary; "dense": 3
+    # escapes a row, ~770 a CTA, 96 staged. Without an XT scratch (32768) nothing is staged: the
+    # same bits, the same rows as at 16 tokens, close to the FP64 reference.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
