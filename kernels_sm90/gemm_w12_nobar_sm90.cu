@@ -20,7 +20,7 @@
 // the barrier lost more to their hand-offs (200-450 cycles a warp and step: a shared atomic whose
 // result was awaited, an arrival per warp, refills waiting for thread 0's schedule) than the
 // barrier costs. Here the hand-offs are the ones Hopper's warp-specialised GEMMs use:
-// - a fifth warpgroup produces (setmaxnreg: 32 registers, the consumers 112): one thread waits for
+// - a fifth warpgroup produces (setmaxnreg: 24 registers, the consumers 112): one thread waits for
 //   a stage's empty barrier and refills it;
 // - a stage holds a record pair and its activation tile (one TMA box of 64 columns x T tokens,
 //   128-byte swizzle, rows >= M zero from the tensor map's bounds) behind one full barrier;
@@ -61,18 +61,12 @@ constexpr int nb_smem_bytes(int nch) { return nb_stages(nch) * nb_stage_bytes(nc
 // producer must have given back, or their setmaxnreg.inc waits forever. (Triples: 512 threads
 // start with 128 registers each, more than the consumers need, so they move none.)
 constexpr int kNbLaunchRegs = 65536 / nb_threads(4) / 8 * 8;
-constexpr int kNbConsumerRegs = 112, kNbProducerRegs = 32;
+constexpr int kNbConsumerRegs = 112, kNbProducerRegs = 24;
 static_assert(nb_consumers(4) * kNbConsumerRegs + kThreads * kNbProducerRegs <= nb_threads(4) * kNbLaunchRegs,
               "the CTA's registers");
 static_assert(nb_stage_bytes(8) % 1024 == 0 && nb_stage_bytes(16) % 1024 == 0, "128-byte swizzle atoms");
 static_assert(epilogue_smem_bytes(8, 2) <= nb_smem_bytes(8) && epilogue_smem_bytes(16, 2) <= nb_smem_bytes(16),
               "the epilogue reuses the ring");
-// Unsplit grids with an XT scratch stage their escapes past the ring (EscStage, store_rows_smem).
-constexpr int nb_staged_smem_bytes(int nch) { return nb_smem_bytes(nch) + (int)sizeof(EscStage); }
-static_assert(nb_smem_bytes(8) % 16 == 0 && nb_smem_bytes(16) % 16 == 0, "EscStage's 16-byte stores");
-// (The kernel's static shared memory is 2 KB: cuobjdump --dump-resource-usage.)
-static_assert(nb_staged_smem_bytes(8) <= 227 * 1024 - 2048 && nb_staged_smem_bytes(16) <= 227 * 1024 - 2048,
-              "an SM's shared memory for one CTA, beside the kernel's static shared memory");
 
 #if W12_WGMMA
 // 2-D tensor copy of the box at (c0, c1) (column, token) into shared memory, completing on `bar`.
@@ -90,58 +84,6 @@ __device__ __forceinline__ void regs_inc() {
 template <int R>
 __device__ __forceinline__ void regs_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
-}
-
-// Escape staging (EscStage) by the producer warpgroup's other three warps, which have nothing else
-// to do: the CTA's first kEscStaged escapes' columns and values, then, once the XT helpers' count
-// says x^T is complete (polled with a pause, for at most ~kStagePolls us; the epilogue reads L2
-// otherwise), each one's x^T row, 16 bytes a load; plain loads and stores, so that nothing queues
-// in the copy engine ahead of the ring's records (session 40: 96 bulk copies of 256 bytes from
-// the producer thread made gate_up 7 us slower at 128 tokens). Each of the 96 threads arrives on
-// bar_x after its own stores (a release), the first after writing the counts.
-constexpr int kStagers = 96, kStagePolls = 200;
-__device__ __forceinline__ void stage_escapes(EscStage* es, int row0, const WParams& p) {
-  const int st = threadIdx.x % kThreads - 32;
-  const int e0 = __ldg(p.esc_ptr + row0), e1 = __ldg(p.esc_ptr + min(row0 + 256, p.N));
-  const int n = min(e1 - e0, kEscStaged);
-  int nx = 0;
-#if W12_STAGE_PROBE
-  if (p.diag & 4) {  // probe: nothing staged
-    if (st == 0) es->ncols = es->nx = 0;
-    mbar_arrive(smem_u32(&es->bar_x));
-    return;
-  }
-#endif
-  for (int k = st; k < n; k += kStagers) {
-    es->cols[k] = __ldg(p.esc_col + e0 + k);
-    es->vals[k] = __ldg(p.esc_val + e0 + k);
-  }
-  asm volatile("bar.sync 2, %0;" ::"n"(kStagers) : "memory");  // every column in place
-  const int* cnt = static_cast<const int*>(static_cast<const void*>(p.ws));
-  bool ready = false;
-  for (int i = 0; i < kStagePolls && !(ready = ld_acquire_gpu(cnt) >= p.KT); ++i) __nanosleep(1000);
-#if W12_STAGE_PROBE
-  if (p.diag & 16) ready = false, nx = n;  // probe: x "staged" but never copied (wrong output)
-#endif
-  if (ready) {
-    const uint16_t* xt = xt_of(p.ws);
-    constexpr int kChunks = kWgmmaMaxTokens * 2 / 16;  // 16-byte pieces of an x^T row
-    for (int q = st; q < n * kChunks; q += 2 * kStagers) {
-      const int q1 = q + kStagers;
-      const uint4 v0 = __ldcg(reinterpret_cast<const uint4*>(xt + (size_t)es->cols[q / kChunks] * kWgmmaMaxTokens) + q % kChunks);
-      uint4 v1 = make_uint4(0, 0, 0, 0);
-      if (q1 < n * kChunks)
-        v1 = __ldcg(reinterpret_cast<const uint4*>(xt + (size_t)es->cols[q1 / kChunks] * kWgmmaMaxTokens) + q1 % kChunks);
-      reinterpret_cast<uint4*>(es->x[q / kChunks])[q % kChunks] = v0;
-      if (q1 < n * kChunks) reinterpret_cast<uint4*>(es->x[q1 / kChunks])[q1 % kChunks] = v1;
-    }
-    nx = n;
-  }
-  if (st == 0) {
-    es->ncols = n;
-    es->nx = nx;
-  }
-  mbar_arrive(smem_u32(&es->bar_x));
 }
 #endif
 
@@ -188,10 +130,6 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
   __shared__ __align__(8) uint64_t bars[2 * kNbStages];
   const uint32_t full = smem_u32(&bars[0]), empty = full + 8 * kNbStages;
   const uint32_t sbase = smem_u32(smem);
-  // The escape staging past the ring (EscStage): unsplit grids with an XT scratch.
-  constexpr int kStg = WGC == 4 ? nb_smem_bytes(NCH) : 0;
-  EscStage* const es = reinterpret_cast<EscStage*>(smem + nb_smem_bytes(NCH));
-  const bool stg = WGC == 4 && p.S == 1 && p.ws != nullptr;
   // With PDL nothing the previous kernel may write is read before the wait.
   if (p.pdl) pdl_wait();
   // The reduce kernel (S > 1) only waits for this grid's completion: let its CTAs be placed now.
@@ -201,19 +139,13 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       mbar_init(full + 8 * s, 1);
       mbar_init(empty + 8 * s, WGC);
     }
-    if (stg) {
-      mbar_init(smem_u32(&es->bar_x), kStagers);
-    }
     mbar_fence_init();
   }
   __syncthreads();  // the barriers' initialisation before any thread waits on them (the last CTA-wide barrier)
 
   if (tid >= kCons) {
     if constexpr (WGC == 4) regs_dec<kNbProducerRegs>();
-    if (tid != kCons) {
-      if (stg && tid >= kCons + 32) stage_escapes(es, nb_unit<WGC>(bid, parts, nt).ft * 128, p);
-      return;
-    }
+    if (tid != kCons) return;
     // c: steps issued over the CTA's units; stage s = c % kNbStages.
     for (int u = bid, c = 0, s = 0; u < units; u += G) {
       const NbUnit un = nb_unit<WGC>(u, parts, nt);
@@ -295,7 +227,7 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       // that the epilogue (after its own barrier among the consumers) takes over: unsplit grids
       // run one unit a CTA and the producer has issued nothing more.
       if (p.S == 1) {
-        if constexpr (WGC == 4) store_rows_smem<NCH, 1, 4, kCons, kStg>(acc, smem, un.ft * 128, p);
+        if constexpr (WGC == 4) store_rows_smem<NCH, 1, 4, kCons>(acc, smem, un.ft * 128, p);
         return;
       }
       if (rowtile >= nt) continue;
@@ -382,7 +314,7 @@ cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int 
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  const int smem = max(S == 1 && ws != nullptr ? nb_staged_smem_bytes(nch) : nb_smem_bytes(nch), smem_min);
+  const int smem = max(nb_smem_bytes(nch), smem_min);
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;

@@ -11,8 +11,6 @@
 
 #include "gemm_w12_mma.cuh"
 #include "smxx_gemm_common.cuh"
-#include "smxx_pipe.cuh"
-#include "smxx_w12_decode.cuh"
 #include "smxx_wgmma.cuh"
 
 namespace w12 {
@@ -229,23 +227,6 @@ constexpr int esc_count_offset(int nch, int rt) {
 }
 constexpr int epilogue_smem_bytes(int nch, int rt) { return esc_count_offset(nch, rt) + 4 * rt * 4; }
 
-// Escapes staged during the main loop (NB's unsplit grids, session 40, docs/perf-notes.md): the
-// producer warpgroup's idle warps load the CTA's first escapes' columns and values, and once the
-// XT helpers are done each one's x^T row (kWgmmaMaxTokens tokens), into shared memory past the
-// ring, so that the epilogue's listing and escape pass find them there instead of behind their
-// dependent L2 round trips (esc_ptr -> esc_col -> x^T; session 31: all escape work 2.9 us of
-// gate_up and 15.7 of lm_head at 128 tokens). The same values, so the same bits. Escapes
-// ecta0 + k (ecta0 = esc_ptr[the CTA's first row]) for k < ncols have their column and value
-// here, those for k < nx their activations; bar_x completes once all of it is in place.
-constexpr int kEscStaged = 96;
-struct EscStage {
-  uint64_t bar_x;
-  int ncols, nx;
-  int32_t cols[kEscStaged];
-  int16_t vals[kEscStaged];
-  alignas(16) uint16_t x[kEscStaged][kWgmmaMaxTokens];
-};
-
 // Where row r's sum for token m sits among the CTA's sums (T tokens a row, T a multiple of 32):
 // the row's 4-token chunks in an order swizzled by r, so that the sums' 8-byte stores (8 rows x 4
 // token pairs a warp), the store pass's 16-byte loads (8 consecutive rows a quarter warp) and the
@@ -304,7 +285,7 @@ __device__ __forceinline__ void store_row_swz(const float* Y, int rl, int f, int
 // order, bias), so the same bits. Must be reached by every thread of the CTA (three barriers), or
 // by its first BAR threads where BAR > 0 (epilogue_sync).
 // row0: the CTA's first row.
-template <int NCH, int WG, int BAR, int STG>
+template <int NCH, int WG, int BAR>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const int32_t* esc_col, const int16_t* esc_val, const float* bias,
                                            uint16_t* y, int64_t ldy, void* scratch, int KT, int ctas, int e0,
@@ -318,9 +299,7 @@ __device__ __forceinline__ void epilogue_sync() {
   else
     asm volatile("bar.sync 1, %0;" ::"n"(BAR) : "memory");
 }
-// STG: where the escape staging (EscStage) lies in shared memory, 0 for none; it is there when the
-// grid has an XT scratch (p.ws with S = 1), and its bar_x is waited for here.
-template <int NCH, int MTW, int WG, int BAR = 0, int STG = 0>
+template <int NCH, int MTW, int WG, int BAR = 0>
 __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], uint8_t* smem, int row0,
                                                 const WParams& p) {
   constexpr int RT = WG == 4 ? 2 : 1, R = 128 * RT, T = 8 * NCH, PER_ROW = kThreads * WG / R;
@@ -343,8 +322,6 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
   const int cta_e0 = __ldg(p.esc_ptr + row0);
   const int e0 = mine ? __ldg(p.esc_ptr + n) : 0, e1 = mine ? __ldg(p.esc_ptr + n + 1) : 0;
   const float rsc = mine ? row_scale(__ldg(p.base + n)) : 0.f, b = mine && p.bias ? __ldg(p.bias + n) : 0.f;
-  if constexpr (STG != 0)
-    if (p.ws != nullptr) mbar_wait(smem_u32(&reinterpret_cast<EscStage*>(smem + STG)->bar_x), 0);
   epilogue_sync<BAR>();  // every warp is past the main loop (its wgmma retired, its copies landed)
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
@@ -356,14 +333,14 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
         *reinterpret_cast<float2*>(Y + yidx<T>(rl, 8 * j + 2 * t)) =
             make_float2(a[mt][4 * j + 2 * h] * sc[mt][h], a[mt][4 * j + 2 * h + 1] * sc[mt][h]);
       }
-  rows_epilogue<NCH, WG, BAR, STG>(smem, row0, p.M, p.N, p.x, p.ldx, p.esc_col, p.esc_val, p.bias, p.y, p.ldy,
+  rows_epilogue<NCH, WG, BAR>(smem, row0, p.M, p.N, p.x, p.ldx, p.esc_col, p.esc_val, p.bias, p.y, p.ldy,
                               p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT, (int)gridDim.x - p.xth, e0, e1,
                               cta_e0, rsc, b);
 }
 
 // store_rows_smem's part after the rows' sums are stored. Not inlined, so that its registers do not
 // change the main loop's allocation (inlined, the 64-token loop grew from 148 to 172 instructions).
-template <int NCH, int WG, int BAR, int STG>
+template <int NCH, int WG, int BAR>
 __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N, const uint16_t* x, int64_t ldx,
                                            const int32_t* esc_col, const int16_t* esc_val, const float* bias,
                                            uint16_t* y, int64_t ldy, void* scratch, int KT, int ctas, int e0,
@@ -383,24 +360,10 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
   // kEscListed (escape e at e - the CTA's first, so both threads of a row know whether it is
   // listed); listing warp w's rows go to slots 32w.., in row order, its count to wcnt[w].
   const bool lists = mine && mlo == 0 && e0 < e1 && e1 - cta_e0 <= kEscListed;
-  // The staged escapes (store_rows_smem waited for them): none without STG or an XT scratch.
-  const EscStage* es = STG != 0 && scratch != nullptr ? reinterpret_cast<const EscStage*>(smem + STG) : nullptr;
-  const int ncols = STG != 0 && es ? es->ncols : 0, nx = STG != 0 && es ? es->nx : 0;
-  if (lists) {
-    if constexpr (STG != 0) {
-      for (int e = e0; e < e1; ++e) {
-        const int k = e - cta_e0;
-        const bool st = k < ncols;
-        const uint32_t col = static_cast<uint32_t>(st ? es->cols[k] : __ldg(esc_col + e));
-        const uint16_t val = static_cast<uint16_t>(st ? es->vals[k] : __ldg(esc_val + e));
-        escs[k] = make_uint2(col, __float_as_uint(bf16_bits_to_float(val)));
-      }
-    } else {
-      for (int e = e0; e < e1; ++e)
-        escs[e - cta_e0] = make_uint2(static_cast<uint32_t>(__ldg(esc_col + e)),
-                                      __float_as_uint(bf16_bits_to_float(static_cast<uint16_t>(__ldg(esc_val + e)))));
-    }
-  }
+  if (lists)
+    for (int e = e0; e < e1; ++e)
+      escs[e - cta_e0] = make_uint2(static_cast<uint32_t>(__ldg(esc_col + e)),
+                                    __float_as_uint(bf16_bits_to_float(static_cast<uint16_t>(__ldg(esc_val + e)))));
   if (tid < R) {  // whole warps (R is a multiple of 32)
     const unsigned listed = __ballot_sync(0xffffffffu, lists);
     if (lists) erows[32 * warp + __popc(listed & ((1u << lane) - 1))] = EscRow{rl, e0 - cta_e0, e1 - e0, sc * 0x1p-15f};
@@ -434,15 +397,9 @@ __device__ __noinline__ void rows_epilogue(uint8_t* smem, int row0, int M, int N
     return bf16_bits_to_float(xt ? __ldcg(xt + (size_t)col * kWgmmaMaxTokens + m) : __ldg(x + (int64_t)m * ldx + col));
   };
   auto load_x = [&](const EscRow& er, int c, float (&xv)[TPL]) {
-    const int k = er.first + c;
-    const uint32_t col = escs[k].x;
-    if (STG != 0 && k < nx) {  // (k is the warp's: a uniform branch)
+    const uint32_t col = escs[er.first + c].x;
 #pragma unroll
-      for (int j = 0; j < TPL; ++j) xv[j] = bf16_bits_to_float(es->x[k][min(lane + 32 * j, M - 1)]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < TPL; ++j) xv[j] = xat(col, min(lane + 32 * j, M - 1));
-    }
+    for (int j = 0; j < TPL; ++j) xv[j] = xat(col, min(lane + 32 * j, M - 1));
   };
   auto apply = [&](const EscRow& er, const float (&x0)[TPL], const float (&x1)[TPL]) {
     float v[TPL];

@@ -3,8 +3,6 @@ its plain split or unsplit grid, its rules, its epilogues and its scratch. Run w
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from _gpu_gemm_helpers import (
@@ -448,46 +446,6 @@ def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
     # W12_GEMM_DIAG=32768: the escapes read x itself, never x transposed (XT): the same values.
     monkeypatch.setenv("W12_GEMM_DIAG", "32768")
     assert torch.equal(w12.linear(x, w).view(torch.int16), y.view(torch.int16)), "x instead of x^T"
-
-
-@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
-@pytest.mark.parametrize(
-    "case,m",
-    [("short-k", m) for m in (33, 64, 100, 128)] + [("misaligned", m) for m in (64, 128)] + [("dense", 128)],
-)
-def test_v4_nobar_staged_escapes(case, m, monkeypatch):
-    # NB's unsplit grids stage the CTA's first escapes (columns, values and their x^T rows) in shared
-    # memory during the main loop (EscStage, session 40), the epilogue reading the rest from L2 as
-    # before. "short-k": 3 records, a loop shorter than the XT helpers' work, so the epilogue waits
-    # for the staging (row-tile pairs forced at 65-128 tokens, 262144, where K this short would
-    # not take them); "misaligned": escape arrays 4 / 2 bytes off a 16-byte boundary; "dense": 3
-    # escapes a row, ~770 a CTA, 96 staged. Without an XT scratch (32768) nothing is staged: the
-    # same bits, the same rows as at 16 tokens, close to the FP64 reference.
-    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
-    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    n, k = 128 * (2 * sms + 2) + 40, 150 if case == "short-k" else 1280
-    diag = 262144 if case == "short-k" else 0
-    assert cuda_ops.splits(n, k, DEV, 4) == 1, "the shape must be unsplit"
-    assert cuda_ops.nobar(n, k, m, DEV, diag=diag) == 4, "the shape must take NB's row-tile pairs"
-    gen = torch.Generator().manual_seed(450 + m)
-    wt = _escape_weight(n, k, 3.0 if case == "dense" else 0.3, gen)
-    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
-    if case == "misaligned":
-        col = torch.cat([w.esc_col.new_zeros(1), w.esc_col])[1:]
-        val = torch.cat([w.esc_val.new_zeros(1), w.esc_val])[1:]
-        w = dataclasses.replace(w, esc_col=col, esc_val=val)
-        assert w.esc_col.data_ptr() % 16 == 4 and w.esc_val.data_ptr() % 16 == 2
-    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
-    bias = torch.randn(n, generator=gen).to(DEV)
-    monkeypatch.setenv("W12_GEMM_DIAG", str(diag))
-    y = w12.linear(x, w, bias)
-    _assert_close(y, _ref(x, wt.to(DEV), bias), x, wt.to(DEV))
-    bits = y.view(torch.int16)
-    monkeypatch.setenv("W12_GEMM_DIAG", str(diag | 32768))
-    assert torch.equal(w12.linear(x, w, bias).view(torch.int16), bits), "without XT (nothing staged)"
-    monkeypatch.delenv("W12_GEMM_DIAG")
-    assert torch.equal(w12.linear(x[-16:].clone(), w, bias).view(torch.int16), bits[-16:]), "rows at 16 tokens"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
