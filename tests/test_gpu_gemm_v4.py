@@ -408,9 +408,9 @@ def test_v4_nobar_triples_change_no_bit(shape, m, monkeypatch):
 def test_v4_triples_rule_counts_slice_pairs(m):
     # The rule compares the busiest SM's m-tile slices with triples' units as they run (three
     # m-tiles over a slice pair) against pairs' (four m-tiles over one slice). Counting a triple
-    # unit as one slice took triples on k/v [1024, 4096] (S = 16) and [9216, 4096] (S = 5), 28 % and
-    # 24 % slower there at 128 tokens (docs/perf-notes.md, session 40). Timing only: the bits are
-    # the same either way (test_v4_nobar_triples_change_no_bit).
+    # unit as one slice took triples on k/v [1024, 4096] (S = 16) and [9216, 4096] (S = 5), where
+    # the forms this rule takes are 28 % and 24 % faster at 128 tokens (docs/perf-notes.md, session
+    # 40). Timing only: the bits are the same either way (test_v4_nobar_triples_change_no_bit).
     if torch.cuda.get_device_properties(DEV).multi_processor_count != 132:
         pytest.skip("the counts below are for 132 SMs")
     assert cuda_ops.nobar(6144, 4096, m, DEV, diag=0) == 3, "qkv: 128 triple units against 192 pair units"
