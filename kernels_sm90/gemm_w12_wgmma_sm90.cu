@@ -103,8 +103,9 @@ struct V4Blocks {
 // KW (session 34): the two warpgroups of a CTA hold the same 64-row m-tile over the two slices of
 // a pair (warpgroup w: slice 2j + w), each with its own activation tile per stage, and add the
 // pair through shared memory before parking it: the split grid's CTAs, bytes and warps per CTA
-// (qkv [6144, 4096]: 384 CTAs of 8 records) with half its partials, the same bits. Plain loop,
-// WG = 2, slices of equal length only; taken at <= 16 tokens (the launcher says where and why).
+// (qkv [6144, 4096] in 8 slices, its split until session 41: 384 CTAs of 8 records) with half its
+// partials, the same bits. Plain loop, WG = 2, slices of equal length only; taken at <= 16 tokens
+// (the launcher says where and why).
 template <int NCH, int STAGES, bool OVERLAP, int WG, bool DEEP = false, bool PAIR = false, int XS = 0, bool KW = false>
 __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<WG, NCH>::value)
     gemm_w12_wgmma_kernel(const WParams p) {
@@ -630,9 +631,16 @@ cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D
 }
 
 // PAIR's rule for a two-warpgroup CTA (see the launcher): nt 128-row tiles cut into S slices.
+// Where the pair grid loads its busiest SM with more than 1.5x the records of the plain grid's,
+// the plain grid: qkv [6144, 4096] in 8 slices (192 pair CTAs, 32 records on the busiest SM
+// against 3 x 8) gains with pairs, in 5 slices (144 pair CTAs, two of 26 records on 12 SMs against
+// 2 x 13) it lost a third (session 41: 19.7 against 15.0 us at 32 tokens).
 static bool pair_grid(int nt, int S, int tokens, int sms, int flags) {
   if (S < 2 || tokens > 64 || (flags & 64) || (flags & kNoPairs)) return false;  // NCH <= 8 only
-  return (flags & kPairsAll) || (S >= 4 && tokens > 16 && tokens <= 32 && (long)nt * ((S + 1) / 2) >= sms);
+  if (flags & kPairsAll) return true;
+  const long pair_ctas = (long)nt * ((S + 1) / 2), plain_ctas = (long)nt * S;
+  return S >= 4 && tokens > 16 && tokens <= 32 && pair_ctas >= sms &&
+         4 * ((pair_ctas + sms - 1) / sms) <= 3 * ((plain_ctas + sms - 1) / sms);
 }
 
 // Row-tile pairs (four warpgroups, two 128-row tiles per CTA) for nch token chunks, nt row tiles
@@ -651,7 +659,8 @@ static bool nobar_form(int nch, int wg, bool sr, int flags) {
 }
 // NB's consumer warpgroups for a pass at 33..128 tokens (0: not NB). Triples (3, session 39) on a
 // split weight at 65..128 tokens where m-tile triples load the busiest SM with fewer m-tile slices
-// than pairs (four m-tiles) would: qkv [6144, 4096] 128 units of three m-tiles and a slice pair
+// than pairs (four m-tiles) would: qkv [6144, 4096] in 8 slices (its split until session 41; 5
+// since, where this rule declines triples) 128 units of three m-tiles and a slice pair
 // (6 m-tile slices a CTA) against 192 pair units (8 on the busiest SMs), where v4's
 // single-row-tile grid runs 384 CTAs of 2 m-tiles at two per SM with a CTA barrier per record:
 // 25.8 -> 23.3 us at 128 tokens, 24.5 -> 22.9 at 65 (docs/perf-notes.md; o, down and every weight
@@ -751,8 +760,8 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // Ring depth (W12_GEMM_STAGES = 3 or 4 forces one): wave_stages() (session 9: 3 on the
     // many-CTA grids at <= 16 tokens, 4 on the small ones and on gate_up at 64 tokens).
     // KW (session 34, docs/perf-notes.md): at <= 16 tokens, where the plain two-warpgroup loop
-    // would run a split grid of an even number of equal slices at more than two CTAs per SM (qkv:
-    // 384 CTAs, three per SM, the only such grid measured), m-tile x pair CTAs park one partial
+    // would run a split grid of an even number of equal slices at more than two CTAs per SM (qkv
+    // in 8 slices before session 41: 384 CTAs, three per SM, the only such grid measured), m-tile x pair CTAs park one partial
     // per pair, so that the reduce kernel's 4-partial slot form fits beside them: qkv -0.42..0.52
     // us at 1-16 tokens; o (two per SM) level at 1-8, o and down slower at 32-64 (each
     // warpgroup's own activation tile). Same bits (add_slice's order). Not where DEEP runs.

@@ -56,12 +56,12 @@ def test_v4_fallback_rule_and_m_independence_to_256(monkeypatch):
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("m", [65, 100, 128])
-@pytest.mark.parametrize("n,k,bias", [(6144, 4096, False), (6144 + 77, 4096, True)])  # N on and off the tile edge
+@pytest.mark.parametrize("n,k,bias", [(6144, 2048, False), (6144 + 77, 2048, True)])  # N on and off the tile edge
 def test_v4_many_tile_split_grid_at_65_128_tokens(n, k, bias, m, monkeypatch):
-    # qkv-like weights (8 slices, 48-49 row tiles) at 65..128 tokens: two GEMM waves, and a reduce
-    # grid of 16 token chunks per row tile that the 8-slice reduce form cannot hold at once, so it
-    # fetches the slices four at a time at 6 CTAs per SM (same adds, same order). The rows must
-    # equal the same rows computed in 64-token passes (8 chunks per row tile: the 8-slice form).
+    # Weights of 8 slices and 48-49 row tiles at 65..128 tokens (qkv [6144, 4096] until session 41;
+    # its 5 slices since): their grids, and a reduce grid of 16 token chunks per row tile that the
+    # 8-slice reduce form cannot hold at once, so it fetches the slices four at a time at 6 CTAs per
+    # SM (same adds, same order). The rows must equal the same rows computed in 64-token passes.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
     assert cuda_ops.splits(n, k, DEV, kernel=4) == 8, "the shape must be cut into 8 slices"
@@ -244,10 +244,15 @@ def test_v4_pair_grid_rule():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def pairs_cover(n, k):
-        s = cuda_ops.splits(n, k, DEV, 4)
-        return s >= 4 and (n + 127) // 128 * ((s + 1) // 2) >= sms
+        # ...and a busiest SM with at most 1.5x the plain grid's records (session 41).
+        s, nt = cuda_ops.splits(n, k, DEV, 4), (n + 127) // 128
+        pairs, plain = nt * ((s + 1) // 2), nt * s
+        return s >= 4 and pairs >= sms and 4 * -(-pairs // sms) <= 3 * -(-plain // sms)
 
-    for n, k in [(6144, 4096), (4096, 4096), (4096, 14336), (128 * (sms // 2 + 1), 4096)]:
+    if sms == 132:
+        assert cuda_ops.pair_grid(6144, 2048, 24, DEV, diag=0), "8 slices of 48 tiles: 192 pair CTAs"
+        assert not cuda_ops.pair_grid(6144, 4096, 24, DEV, diag=0), "5 slices of 48 tiles: 144 pair CTAs"
+    for n, k in [(6144, 4096), (6144, 2048), (4096, 4096), (4096, 14336), (128 * (sms // 2 + 1), 4096)]:
         want = pairs_cover(n, k)
         assert cuda_ops.pair_grid(n, k, 17, DEV, diag=0) == want, (n, k)
         assert cuda_ops.pair_grid(n, k, 32, DEV, diag=0) == want, (n, k)
@@ -353,7 +358,7 @@ def test_v4_nobar_fewer_records_than_stages(m, monkeypatch):
 
 
 _NB3_SHAPES = {
-    "qkv": (6144, 4096, 0.25),
+    "qkv": (6144, 2048, 0.25),  # qkv-like: 48 row tiles in 8 slices ([6144, 4096] runs 5 since session 41)
     "two-units-a-cta": (9216, 4096, 0.25),
     "odd-last-triple": (128 * 19 + 8, 4096, 3.0),
     "short-slices": (128 * 19 + 8, 150, 1.0),
@@ -366,7 +371,7 @@ def test_v4_nobar_triples_change_no_bit(shape, m, monkeypatch):
     # NB's triples (session 39): three consumer warpgroups on three consecutive 64-row m-tiles of a
     # split weight over a K slice pair, each slice from zero, parking p_2j, then p_2j + p_2j+1 in its
     # place (the reduce kernel's pair mode); at most one CTA an SM, running its units one after
-    # another while its producer fills the ring with the next records. qkv: 128 units, the
+    # another while its producer fills the ring with the next records. [6144, 2048]: 128 units, the
     # default at 65-128 tokens on 132 SMs (and with 262144 row-tile pairs instead: 192 units,
     # some CTAs running two); [9216, 4096]: 5 slices (the last pair a lone slice), 144 units, so
     # on 132 SMs some CTAs run two; 40 m-tiles: the last triple holds one m-tile and a record slot
@@ -413,7 +418,8 @@ def test_v4_triples_rule_counts_slice_pairs(m):
     # 40). Timing only: the bits are the same either way (test_v4_nobar_triples_change_no_bit).
     if torch.cuda.get_device_properties(DEV).multi_processor_count != 132:
         pytest.skip("the counts below are for 132 SMs")
-    assert cuda_ops.nobar(6144, 4096, m, DEV, diag=0) == 3, "qkv: 128 triple units against 192 pair units"
+    assert cuda_ops.nobar(6144, 2048, m, DEV, diag=0) == 3, "[6144, 2048]: 128 triple units against 192 pair units"
+    assert cuda_ops.nobar(6144, 4096, m, DEV, diag=0) != 3, "qkv in 5 slices: 96 triple units against 120 pair units"
     assert cuda_ops.nobar(1024, 4096, m, DEV, diag=0) != 3, "k/v: 48 triple units of 6 m-tile slices"
     assert cuda_ops.nobar(9216, 4096, m, DEV, diag=0) != 3, "[9216, 4096]: 144 triple units, two on some SMs"
 
@@ -450,17 +456,16 @@ def test_v4_shared_memory_epilogue_escapes(m, per_row, monkeypatch):
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("m", [1, 3, 16, 17, 40, 64])
-@pytest.mark.parametrize("n", [4096, 6144, 6221])
-def test_v4_kw_pairs_in_one_cta(n, m, monkeypatch):
+@pytest.mark.parametrize("n,k", [(4096, 4096), (6144, 2048), (6221, 2048)])
+def test_v4_kw_pairs_in_one_cta(n, k, m, monkeypatch):
     # KW (session 34): at <= 16 tokens a split grid of an even number of equal slices at more than
     # two CTAs per SM that would run the plain two-warpgroup loop runs m-tile x pair CTAs instead:
     # warpgroup w takes slice 2j + w of one 64-row m-tile, the pair is added in shared memory and
-    # parked once (qkv-like [6144, 4096]; 6221 rows: a last tile of 77 rows, its second m-tile
+    # parked once (qkv-like [6144, 2048], 8 slices; 6221 rows: a last tile of 77 rows, its second m-tile
     # partly past N). The o-like [4096, 4096] (two CTAs per SM) and 17-64 tokens run the other
     # forms, and rows at 65-128 tokens park every slice: the same bits as M = 100, with and
     # without bias, and close to the FP64 reference.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
-    k = 4096
     s = cuda_ops.splits(n, k, DEV, 4)
     if not (s >= 2 and s % 2 == 0 and ((k + 63) // 64) % s == 0):
         pytest.skip(f"[{n}, {k}] runs {s} slices: no KW grid")
