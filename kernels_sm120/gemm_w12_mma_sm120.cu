@@ -375,13 +375,12 @@ int gemm_splits(int N, int K, int target_ctas, int sms, int kernel) {
   // nt * S CTAs puts ceil(G / SMs) of them on some SM, each ceil(KT / S) records long (qkv
   // [6144, 4096]: S = 6 gives 288 CTAs, 3 on 24 SMs, 33 records; S = 8 gives 24 -> measured
   // 18.9 -> 16.0 us at M = 1). Only S that keep G <= 2 * target_ctas (one resident wave); the
-  // smallest within 5 % of the best for v1, 10 % for v4, since every slice adds partial-sum
-  // traffic. v4's 10 % (session 41, docs/perf-notes.md): qkv [6144, 4096] in 5 slices (26 records
-  // on the busiest SM against 24 for 8) runs 4-7 % faster at 40-128 tokens (16.4 against 17.5 us
-  // at 64, 22.3 against 23.5 at 128), level at 17-32 and 0.5-1.5 % slower at 1-16; among the
-  // Llama-3.1-8B, Qwen2.5 and 32B shapes only qkv [6144, 4096] moves.
-  const int tol = kernel == 4 ? 10 : 5;
-  int best = s_min;
+  // smallest within 5 % of the best, since every slice adds partial-sum traffic; for v4 also the
+  // smallest within 10 % that cuts at least a quarter of the best's slices (session 41,
+  // docs/perf-notes.md: qkv [6144, 4096] in 5 slices, 26 records on the busiest SM against 24 in 8,
+  // runs 4-7 % faster at 40-128 tokens and +0..1.5 % at 1-16; [5760, 4096] 8 -> 5 and [22016,
+  // 4096] 3 -> 2 likewise; [2048, 14336] in 15 slices instead of 16 lost 2-3 % at 48-128 tokens).
+  int best = s_min, best_s = s_min;
   long best_cost = 0;
   long costs[kMaxSplits + 1] = {0};
   for (int s = s_min; s <= smax; ++s) {
@@ -389,13 +388,17 @@ int gemm_splits(int N, int K, int target_ctas, int sms, int kernel) {
     if (s > s_min && (long)nt * se > 2L * target_ctas) break;
     const long per_sm = ((long)nt * se + sms - 1) / sms;
     costs[s] = per_sm * ((kt + se - 1) / se);
-    if (best_cost == 0 || costs[s] < best_cost) best_cost = costs[s];
+    if (best_cost == 0 || costs[s] < best_cost) best_cost = costs[s], best_s = s;
   }
-  for (int s = s_min; s <= smax; ++s)
-    if (costs[s] > 0 && 100 * costs[s] <= (100L + tol) * best_cost) {
+  for (int s = s_min; s <= smax; ++s) {
+    if (costs[s] == 0) continue;
+    const bool near = 20 * costs[s] <= 21L * best_cost;
+    const bool fewer = kernel == 4 && 10 * costs[s] <= 11L * best_cost && 4 * no_empty(s) <= 3 * no_empty(best_s);
+    if (near || fewer) {
       best = s;
       break;
     }
+  }
   return no_empty(best);
 }
 
