@@ -631,10 +631,10 @@ cudaError_t wgmma_selftest_launch(const uint16_t* A, const uint16_t* B, float* D
 }
 
 // PAIR's rule for a two-warpgroup CTA (see the launcher): nt 128-row tiles cut into S slices.
-// Where the pair grid loads its busiest SM with more than 1.5x the records of the plain grid's,
-// the plain grid: qkv [6144, 4096] in 8 slices (192 pair CTAs, 32 records on the busiest SM
-// against 3 x 8) gains with pairs, in 5 slices (144 pair CTAs, two of 26 records on 12 SMs against
-// 2 x 13) it lost a third (session 41: 19.7 against 15.0 us at 32 tokens).
+// Not where the pair grid would load its busiest SM with more than 1.5x the plain grid's records:
+// qkv [6144, 4096] in 8 slices (192 pair CTAs: 2 x 16 records on the busiest SM against 3 x 8)
+// gains with pairs, in 5 slices (144 pair CTAs: 2 x 26 on 12 SMs against 2 x 13) it lost a third
+// (session 41: 19.7 against 15.0 us at 32 tokens).
 static bool pair_grid(int nt, int S, int tokens, int sms, int flags) {
   if (S < 2 || tokens > 64 || (flags & 64) || (flags & kNoPairs)) return false;  // NCH <= 8 only
   if (flags & kPairsAll) return true;
@@ -761,10 +761,11 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     // many-CTA grids at <= 16 tokens, 4 on the small ones and on gate_up at 64 tokens).
     // KW (session 34, docs/perf-notes.md): at <= 16 tokens, where the plain two-warpgroup loop
     // would run a split grid of an even number of equal slices at more than two CTAs per SM (qkv
-    // in 8 slices before session 41: 384 CTAs, three per SM, the only such grid measured), m-tile x pair CTAs park one partial
-    // per pair, so that the reduce kernel's 4-partial slot form fits beside them: qkv -0.42..0.52
-    // us at 1-16 tokens; o (two per SM) level at 1-8, o and down slower at 32-64 (each
-    // warpgroup's own activation tile). Same bits (add_slice's order). Not where DEEP runs.
+    // in 8 slices before session 41: 384 CTAs, three per SM, the only such grid measured), m-tile x
+    // pair CTAs park one partial per pair, so that the reduce kernel's 4-partial slot form fits
+    // beside them: qkv -0.42..0.52 us at 1-16 tokens; o (two per SM) level at 1-8, o and down
+    // slower at 32-64 (each warpgroup's own activation tile). Same bits (add_slice's order). Not
+    // where DEEP runs.
     bool kw = wg == 2 && !pair && !ov && p.S >= 2 && p.S % 2 == 0 && p.S * p.kper == kt && nch <= 2 &&
               (long)nt * p.S > 2L * di.sms;
     int st = wave_stages(grid, di, ring_bytes(3, nch, rt, kw ? 2 : 1), nch == 8);

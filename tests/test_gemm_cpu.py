@@ -388,8 +388,8 @@ def test_cuda_sources_compile(tmp_path):
     assert [so.w12_gemm_splits(28672, 4096, 264, 132, kernel) for kernel in (1, 4)] == [2, 1]
     # qkv: 8 slices (24 records on the busiest SM) for v1; v4 takes 5 (26: within 10 %, and 5 <= 6);
     # [2048, 14336]: 16 slices for both (15 is within 10 % but cuts only one slice).
-    assert [so.w12_gemm_splits(2048, 14336, 264, 132, kernel) for kernel in (1, 4)] == [16, 16]
     assert [so.w12_gemm_splits(6144, 4096, 264, 132, kernel) for kernel in (1, 4)] == [8, 5]
+    assert [so.w12_gemm_splits(2048, 14336, 264, 132, kernel) for kernel in (1, 4)] == [16, 16]
     assert so.w12_gemm_splits(4096, 4096, 264, 132, 2) == 0  # v2 and v3 have no such split
 
 

@@ -58,10 +58,11 @@ def test_v4_fallback_rule_and_m_independence_to_256(monkeypatch):
 @pytest.mark.parametrize("m", [65, 100, 128])
 @pytest.mark.parametrize("n,k,bias", [(6144, 2048, False), (6144 + 77, 2048, True)])  # N on and off the tile edge
 def test_v4_many_tile_split_grid_at_65_128_tokens(n, k, bias, m, monkeypatch):
-    # Weights of 8 slices and 48-49 row tiles at 65..128 tokens (qkv [6144, 4096] until session 41;
-    # its 5 slices since): their grids, and a reduce grid of 16 token chunks per row tile that the
-    # 8-slice reduce form cannot hold at once, so it fetches the slices four at a time at 6 CTAs per
-    # SM (same adds, same order). The rows must equal the same rows computed in 64-token passes.
+    # Weights of 8 slices and 48-49 row tiles at 65..128 tokens (qkv [6144, 4096] until session 41,
+    # 5 slices since): NB's triples by default; without them (diagnostic 1024) the two-warpgroup
+    # grid of 8 partials per row tile, whose reduce grid of 16 token chunks per row tile the 8-slice
+    # reduce form cannot hold at once, so it fetches the slices four at a time at 6 CTAs per SM
+    # (same adds, same order). The rows must equal the same rows computed in 64-token passes.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
     assert cuda_ops.splits(n, k, DEV, kernel=4) == 8, "the shape must be cut into 8 slices"
@@ -74,6 +75,9 @@ def test_v4_many_tile_split_grid_at_65_128_tokens(n, k, bias, m, monkeypatch):
     _assert_close(y, _ref(x, wt, b), x, wt)
     parts = torch.cat([w12.linear(x[:64].clone(), w, b), w12.linear(x[64:].clone(), w, b)])
     assert torch.equal(y.view(torch.int16), parts.view(torch.int16)), "128-token pass against 64-token passes"
+    monkeypatch.setenv("W12_GEMM_DIAG", "1024")
+    assert cuda_ops.nobar(n, k, m, DEV, diag=1024) == 0, "diagnostic 1024: the two-warpgroup split grid"
+    assert torch.equal(w12.linear(x, w, b).view(torch.int16), y.view(torch.int16)), "without triples"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
