@@ -9,7 +9,7 @@
 //
 // STATUS: `auto` on sm_90 since session 10 (v1 elsewhere); the per-session history is in
 // docs/perf-notes.md. Variants, all with the same bits per output: the PAIR grid (session 17,
-// qkv-like weights at 17-32 tokens), the DEEP loop (session 16, short slices at 9-16 tokens), PDL
+// qkv-like weights at 17-32 tokens), the DEEP loop (session 16; on request only since session 42), PDL
 // on unsplit grids at <= 16 tokens (16), whole-K clusters for down-like weights at 1-16 tokens (15,
 // gemm_w12_wholek_sm90.cu), the split ring of row-tile-pair grids at 65-128 tokens (18), the
 // balanced unsplit grid at <= 32 tokens (BAL, 20), bulk-copied records where BAL would run at 1-2
@@ -770,13 +770,12 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
               (long)nt * p.S > 2L * di.sms;
     int st = wave_stages(grid, di, ring_bytes(3, nch, rt, kw ? 2 : 1), nch == 8);
     if (a.stages == 3 || a.stages == 4) st = a.stages;
-    // The DEEP loop (6 stages) for K slices of <= 8 records at 9..16 tokens where the grid holds
-    // <= 2 CTAs per SM (o: 10.8 -> 10.25 us at 16 tokens; session 16: longer CTAs level or slower,
-    // 17-32 tokens slower on every shape). Diagnostic 256 takes it at every grid up to 16 tokens,
-    // 1024 never.
+    // The DEEP loop (6 stages) on request only (diagnostic 256: at every grid up to 16 tokens).
+    // Session 16 took it for K slices of <= 8 records at 9..16 tokens on grids of <= 2 CTAs per SM
+    // (o: 10.8 -> 10.25 us at 16 tokens); by session 42 the plain loop ran o 0.2 us faster there
+    // (docs/perf-notes.md), and it lost at 1-8 tokens and on longer slices throughout.
     const bool deep_fits = nch <= 2 && wg == 2 && !ov && !pair && a.stages == 0 && !(a.flags & kNoDeep);
-    if (deep_fits && ((a.flags & kDeep) || (nch == 2 && p.S > 1 && p.kper <= 8 && grid <= 2 * di.sms)))
-      st = kDeepStages;
+    if (deep_fits && (a.flags & kDeep)) st = kDeepStages;
     if (st == kDeepStages) kw = false;
     const int xt = kw ? 2 : 1;
     int parts = kw ? p.S / 2 : sp;  // parked partials per row tile

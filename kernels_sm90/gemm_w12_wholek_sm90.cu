@@ -289,7 +289,6 @@ cudaError_t launch_wholek(const WParams& p, int nt, cudaStream_t stream) {
 
 template <int NCH>
 cudaError_t launch_wholek_stages(const WParams& p, int nt, int stages, cudaStream_t stream) {
-  if (stages >= 5) return launch_wholek<NCH, 5>(p, nt, stream);
   if (stages == 4) return launch_wholek<NCH, 4>(p, nt, stream);
   return launch_wholek<NCH, 3>(p, nt, stream);
 }
@@ -306,9 +305,12 @@ int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int 
   // the epilogue data's three loading steps, whose last one lands after record 5.
   if ((kt + S - 1) / S < 16 && !(flags & kWholekShortSlices)) return 0;
   // One CTA per SM (qkv's 192 CTAs, two on some SMs, measured slower than its split grid): a ring
-  // as deep as the CTA's shared memory allows beside the epilogue tables, up to 5; 3 at least.
+  // as deep as the CTA's shared memory allows beside the epilogue tables, up to 4; 3 at least.
+  // Five stages (the cap until session 42, where they fit: 1-8 tokens) ran down [4096, 14336]
+  // 0.4-0.6 us slower than four at 1-8 tokens in both orders of an interleaved run, and [3584,
+  // 18944] level (docs/perf-notes.md, session 42); three are slower than four everywhere.
   int fit = (smem_optin - wholek_table_bytes(nch, S / 2)) / ((S / 2) * wholek_stage_bytes(nch));
-  fit = fit > 5 ? 5 : fit;
+  fit = fit > 4 ? 4 : fit;
   if (fit < 3) return 0;
   return (stages == 3 || stages == 4) && stages <= fit ? stages : fit;
 }
