@@ -772,8 +772,8 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     if (a.stages == 3 || a.stages == 4) st = a.stages;
     // The DEEP loop (6 stages) on request only (diagnostic 256: at every grid up to 16 tokens).
     // Session 16 took it for K slices of <= 8 records at 9..16 tokens on grids of <= 2 CTAs per SM
-    // (o: 10.8 -> 10.25 us at 16 tokens); by session 42 the plain loop ran o 0.2 us faster there
-    // (docs/perf-notes.md), and it lost at 1-8 tokens and on longer slices throughout.
+    // (o: 10.8 -> 10.25 us at 16 tokens); by session 42 the plain loop ran o 0.1-0.2 us faster
+    // there (docs/perf-notes.md), and it lost at 1-8 tokens and on longer slices throughout.
     const bool deep_fits = nch <= 2 && wg == 2 && !ov && !pair && a.stages == 0 && !(a.flags & kNoDeep);
     if (deep_fits && (a.flags & kDeep)) st = kDeepStages;
     if (st == kDeepStages) kw = false;

@@ -308,7 +308,7 @@ int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int 
   // as deep as the CTA's shared memory allows beside the epilogue tables, up to 4; 3 at least.
   // Five stages (the cap until session 42, where they fit: 1-8 tokens) ran down [4096, 14336]
   // 0.4-0.6 us slower than four at 1-8 tokens in both orders of an interleaved run, and [3584,
-  // 18944] level (docs/perf-notes.md, session 42); three are slower than four everywhere.
+  // 18944] level (docs/perf-notes.md, session 42); three are no faster than four.
   int fit = (smem_optin - wholek_table_bytes(nch, S / 2)) / ((S / 2) * wholek_stage_bytes(nch));
   fit = fit > 4 ? 4 : fit;
   if (fit < 3) return 0;

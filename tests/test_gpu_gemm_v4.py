@@ -117,8 +117,9 @@ def test_v4_variants_change_no_bit(n, k, m, diag, stages, monkeypatch):
     # W12_GEMM_STAGES 3 / 4: ring depth; 32: no programmatic dependent launch; 256: the deep loop
     # (record i-1's wgmma in flight while record i is decoded) at every grid up to 16 tokens, 272
     # the same with the split grid where whole-K clusters would run; 1024: never the deep loop
-    # (the default since session 42; 4096 x 4096 at 9 tokens took it by default before); 266240: row-tile pairs with the single ring
-    # instead of the split ring (262144 takes the split ring at 100 tokens).
+    # (the default since session 42; 4096 x 4096 at 9 tokens took it by default before); 266240:
+    # row-tile pairs with the single ring instead of the split ring (262144 takes the split ring
+    # at 100 tokens).
     # The same wgmma in the same order for every output element, so the same bits.
     monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
     gen = torch.Generator().manual_seed(111 + m)
