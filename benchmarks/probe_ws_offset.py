@@ -34,8 +34,15 @@ def _ints(s: str) -> list[int]:
 def _shape(name: str) -> tuple[int, int]:
     if name in bg.LLAMA8B:
         return bg.LLAMA8B[name]
-    n, k = name.lower().split("x")
-    return int(n), int(k)
+    try:
+        n, k = (int(v) for v in name.lower().split("x"))
+    except ValueError:
+        raise ValueError(
+            f"--shapes: {name!r} is neither a Llama-3.1-8B name ({', '.join(bg.LLAMA8B)}) nor NxK"
+        ) from None
+    if n < 1 or k < 64 or k % 64:
+        raise ValueError(f"--shapes: {name!r} needs N >= 1 and K a multiple of 64")
+    return n, k
 
 
 def gemm_call(w, x, y, ws_ptr: int):
@@ -75,18 +82,26 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=60)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    try:
+        shapes = [_shape(v) for v in a.shapes.split(",")]
+        offs, ms = _ints(a.offsets), _ints(a.m)
+    except ValueError as e:
+        p.error(str(e))
+    # The partials are float4 stores and loads: the workspace must stay 16-byte aligned.
+    if not offs or any(o < 0 or o % 16 for o in offs):
+        p.error(f"--offsets {a.offsets}: non-negative multiples of 16 bytes")
+    if not ms or any(m < 1 or m > 128 for m in ms):
+        p.error(f"--m {a.m}: token counts in 1..128 (the GEMM's one-pass range)")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
-    offs = _ints(a.offsets)
     rows = []
-    for name in a.shapes.split(","):
-        n, k = _shape(name)
+    for name, (n, k) in zip(a.shapes.split(","), shapes):
         ws_copies = [bg.random_w12(n, k, dev, gen) for _ in range(bg.copies_for(int(n * k * 1.5), l2))]
         ws_copies = [bg.in_kernel_layout(w) for w in ws_copies]
-        for m in _ints(a.m):
+        for m in ms:
             x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
             y = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
             sm = cuda_ops._check_device(dev)

@@ -1,4 +1,4 @@
-"""benchmarks/bench_gemm.py: pooling of graph instances and its argument checks (no GPU needed)."""
+"""benchmarks/bench_gemm.py (pooling of graph instances) and probe_ws_offset.py: argument checks (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,22 @@ def test_instances_out_of_range_rejected(n, capsys):
         bg.main(["--instances", n, "--shapes", "qkv"])
     assert e.value.code == 2
     assert f"--instances {n}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--offsets", "0,-16"], "--offsets"),
+        (["--offsets", "0,8"], "multiples of 16"),
+        (["--m", "0"], "--m 0"),
+        (["--shapes", "qkv,banana"], "'banana' is neither"),
+        (["--shapes", "4096x100"], "multiple of 64"),
+    ],
+)
+def test_probe_ws_offset_rejects_bad_arguments(args, match, capsys):
+    import probe_ws_offset
+
+    with pytest.raises(SystemExit) as e:
+        probe_ws_offset.main(args)
+    assert e.value.code == 2
+    assert match in capsys.readouterr().err
