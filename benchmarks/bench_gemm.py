@@ -247,6 +247,8 @@ def bench_shape(
                     "kernel_used": kver,
                     # v4's whole-K clusters (ring depth; 0: split grid + reduce kernel, or unsplit)
                     "wholek": cuda_ops.wholek_stages(n, k, m, diag=int(var[2])) if kver == 4 else 0,
+                    "wholek_wgs": cuda_ops.wholek_warpgroups(n, k, m, diag=int(var[2])) if kver == 4 else 0,
+                    "wholek_cluster": cuda_ops.wholek_cluster(n, k, m, diag=int(var[2])) if kver == 4 else 0,
                 }
             )
             if hot:

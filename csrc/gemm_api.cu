@@ -22,7 +22,8 @@ extern "C" {
 // the kernel. 8: v4 reads layout 3, v1-v3 layout 4 (split records, decode16_split). 9:
 // w12_gemm_wholek_stages. 10: w12_gemm_counters takes the SM count; w12_gemm_xt_buffer (v4's XT).
 // 11: w12_gemm_pair_grid. 12: w12_gemm_nobar. 13: w12_gemm_nobar returns the consumer warpgroups.
-int w12_gemm_abi_version(void) { return 13; }
+// 14: w12_gemm_wholek_warpgroups, w12_gemm_wholek_cluster.
+int w12_gemm_abi_version(void) { return 14; }
 
 // 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
 // sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
@@ -43,15 +44,33 @@ int w12_gemm_splits(int n, int k, int target_ctas, int sms, int kernel) {
   return (kernel == 1 || kernel == 4) ? w12::gemm_splits(n, k, target_ctas, sms, kernel) : 0;
 }
 
-// The ring depth of v4's whole-K clusters (kernels_sm90/gemm_w12_wholek_sm90.cu) for an (N, K)
-// weight at m token rows on the current device with diagnostics `flags` (v4's 16 and 131072 move
-// the rule), or 0 where v4 runs its split grid and reduce kernel or an unsplit grid instead (same
-// bits either way); -1 if the device cannot be queried.
-int w12_gemm_wholek_stages(int n, int k, int m, int target_ctas, int flags) {
+// One answer of v4's whole-K rule (kernels_sm90/gemm_w12_wholek_sm90.cu) for an (N, K) weight at
+// m token rows on the current device with diagnostics `flags`; -1 if the device cannot be queried.
+static int wholek_query(int (*rule)(int, int, int, int, int, int, int, int, int), int n, int k, int m,
+                        int target_ctas, int flags) {
   w12::DevInfo di;
   int dev = 0;
   if (w12::dev_info(di, dev) != cudaSuccess) return -1;
-  return w12::wholek_stages(n, k, w12::gemm_splits(n, k, target_ctas, di.sms, 4), m, di.sms, di.smem_optin, 0, flags);
+  return rule(n, k, w12::gemm_splits(n, k, target_ctas, di.sms, 4), m, di.sms, di.smem_sm, di.smem_optin, 0, flags);
+}
+
+// The ring depth of v4's whole-K clusters, or 0 where v4 runs its split grid and reduce kernel or
+// an unsplit grid instead (same bits either way; v4's diagnostics 16, 131072, 1048576 and 2097152
+// move the rule).
+int w12_gemm_wholek_stages(int n, int k, int m, int target_ctas, int flags) {
+  return wholek_query(w12::wholek_stages, n, k, m, target_ctas, flags);
+}
+
+// Warpgroups per CTA of those clusters (S / 2 for two CTAs per m-tile; 4, or 2 with diagnostic
+// 2097152, where m-tiles are packed), 0 where they do not run.
+int w12_gemm_wholek_warpgroups(int n, int k, int m, int target_ctas, int flags) {
+  return wholek_query(w12::wholek_warpgroups, n, k, m, target_ctas, flags);
+}
+
+// CTAs per cluster of those clusters (2 for two CTAs per m-tile; with packed m-tiles S / gcd(S, W):
+// by default 1, up to 8 with diagnostic 2097152), 0 where they do not run.
+int w12_gemm_wholek_cluster(int n, int k, int m, int target_ctas, int flags) {
+  return wholek_query(w12::wholek_cluster_ctas, n, k, m, target_ctas, flags);
 }
 
 // 1 where v4 runs its pair grid for an (N, K) weight at m token rows (one pass) with

@@ -113,16 +113,25 @@ constexpr int kXtHeader = 256;
 constexpr int xt_scratch_ints(int k) { return kXtHeader / 4 + (k + 63) / 64 * 64 * kWgmmaMaxTokens * 2 / 4; }
 // cudaErrorNoKernelImageForDevice off sm_90.
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);
-// v4's whole-K clusters (kernels_sm90/gemm_w12_wholek_sm90.cu): at <= 16 tokens, two CTAs per
-// 64-row m-tile with one warpgroup per K slice, the split grid's bits without the reduce kernel.
-// wholek_stages: their ring depth for an [N, K] weight cut into S slices on a GPU with `sms` SMs
-// and smem_optin bytes of shared memory per CTA (stages: 3 or 4 forces that depth where it
-// fits), 0 where they are not taken (more than 16 tokens, S odd or outside 2..8, more CTAs than
-// SMs, slices under 16 records unless `flags` has kWholekShortSlices, 3 stages not fitting, or
-// `flags` has kWholekOff). flags: the call's GemmArgs::flags (v4's diagnostics).
+// v4's whole-K clusters (kernels_sm90/gemm_w12_wholek_sm90.cu): at <= 16 tokens, one warpgroup
+// per (64-row m-tile, K slice), a cluster holding all slices of its m-tiles (two CTAs per m-tile,
+// or four warpgroups per CTA packing whole m-tiles), the split grid's bits without the reduce
+// kernel. wholek_stages: their ring depth for an [N, K] weight cut into S slices on a GPU with
+// `sms` SMs, smem_sm bytes of shared memory per SM and smem_optin per CTA (stages: 3 or 4 forces
+// that depth where it fits), 0 where they are not taken (more than 16 tokens, S outside 2..8, no
+// form whose CTAs fit the SMs in one wave, a packed form of more than two CTAs per cluster unless
+// `flags` has kWholekEveryPacking, a packed grid where the split grid has at most one CTA per SM,
+// slices under 16 records unless `flags` has kWholekShortSlices, 3 stages not fitting, or `flags`
+// has kWholekOff or, for the packed forms, kWholekNoPack). wholek_warpgroups and
+// wholek_cluster_ctas: the same rule's warpgroups per CTA and CTAs per cluster (0 where not
+// taken). flags: the call's GemmArgs::flags (v4's diagnostics).
 constexpr int kWholekOff = 16;                // diagnostic 16: the split grid + reduce kernel instead
 constexpr int kWholekShortSlices = 1 << 17;   // diagnostic 131072: slices under 16 records too
-int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int stages, int flags);
+constexpr int kWholekNoPack = 1 << 20;        // diagnostic 1048576: never the packed forms
+constexpr int kWholekEveryPacking = 1 << 21;  // diagnostic 2097152: every packing (clusters of 3-8 CTAs, 2 warpgroups)
+int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags);
+int wholek_warpgroups(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags);
+int wholek_cluster_ctas(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags);
 cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int stages, bool pdl, cudaStream_t stream);
 // v4 at 33-128 tokens without a CTA barrier per record (NB, sessions 37-39,
 // kernels_sm90/gemm_w12_nobar_sm90.cu): row-tile pairs (the split ring's grid, bits and epilogues)

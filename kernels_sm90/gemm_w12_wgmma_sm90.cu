@@ -544,9 +544,6 @@ cudaError_t launch_pick(int stages, bool overlap, int wg, const WParams& p, int 
   }
 }
 
-// The shared memory an SM reserves per resident CTA beside what the kernel asks (1 KB on sm_80-sm_120).
-constexpr int kSmemReservedPerCta = 1024;
-
 // Shared memory per CTA (ring, 1 KB reserved per CTA) at `stages` deep for 8*nch tokens and rt
 // row tiles per CTA; xt activation tiles per stage (KW: 2).
 static int ring_bytes(int stages, int nch, int rt = 1, int xt = 1) {
@@ -722,8 +719,8 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     p.M = tokens;
     // Whole-K clusters (gemm_w12_wholek_sm90.cu, session 15) where they fit at <= 16 tokens: the
     // same bits as the split grid and its reduce kernel, without that kernel.
-    // Diagnostics 16 and 131072 move the rule (wholek_stages).
-    if (const int wst = wholek_stages(a.N, a.K, p.S, tokens, di.sms, di.smem_optin, a.stages, a.flags)) {
+    // Diagnostics 16, 131072 and 1048576 move the rule (wholek_stages).
+    if (const int wst = wholek_stages(a.N, a.K, p.S, tokens, di.sms, di.smem_sm, di.smem_optin, a.stages, a.flags)) {
       if ((e = gemm_wholek_launch(a, m0, tokens, p.S, wst, p.pdl != 0, stream)) != cudaSuccess) return e;
       continue;
     }

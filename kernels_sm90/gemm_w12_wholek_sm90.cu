@@ -7,14 +7,15 @@
 // 7.9 without it), and every cross-CTA replacement measured (ticket, cluster of S CTAs, in-grid
 // reducers) paid more in its handshake.
 //
-// Here the S slices of one 64-row m-tile run in one thread-block cluster of two CTAs, S / 2
-// warpgroups each: warpgroup w of rank r streams slice r * S/2 + w of that m-tile (kper records
-// from there, the split grid's slice) through its own ring of half records (the 6 KB of the
+// Here the S slices of a 64-row m-tile run in one thread-block cluster: unit u = r * W + w
+// (warpgroup w of rank r, W per CTA) streams slice u % S of the cluster's m-tile u / S (kper
+// records from there, the split grid's slice) through its own ring of half records (the 6 KB of the
 // m-tile's fragments) and its own activation tile, and decodes and multiplies them exactly as the
 // split grid's warpgroup for that m-tile does (same bytes per thread, decode16_split, the same
 // four m64nTk16 wgmma per record), so each accumulator holds the split grid's partial bit for bit.
-// Both ranks write their partials into rank 0's shared memory (rank 1's through distributed shared
-// memory); after one cluster barrier rank 0 adds the S of them in add_slice's order with the
+// Every unit writes its partial into the shared memory of the rank that owns its m-tile (rank j
+// owns m-tile j, through distributed shared memory for the others); after one cluster barrier each
+// owner adds the S of them in add_slice's order with the
 // reduce kernel's operations and runs its epilogue (scale, escapes in list order, bias, BF16), its
 // row data and escapes (true values and activations) staged in shared memory during the main loop
 // as the reduce kernel stages them before its wait: the same bits as split grid + reduce kernel,
@@ -27,11 +28,14 @@
 // across its CTA, unlike per-warpgroup slices: hence the running pointers below); without staging,
 // the escapes' dependent loads after the loop cost what the reduce kernel costs.
 //
-// Taken by gemm_wgmma_launch at <= 16 tokens for an even S in 2..8 where the grid (4 CTAs per
-// 128-row tile) fits one per SM and every slice holds >= 16 records (down [4096, 14336]: 28): o
-// [4096, 4096] (8 per slice) measured level at 1-4 tokens and slower at 16, so it keeps the split
-// grid. At 32-64 tokens each warpgroup's own activation tile (4-8 KB per stage) leaves too little
-// shared memory for the ring.
+// Two packings (wholek_form): one m-tile per cluster of two CTAs of W = S / 2 warpgroups (session
+// 15; an even S where 4 CTAs per 128-row tile fit one per SM: down [4096, 14336]), and (session
+// 43) P = C W / S m-tiles per cluster of C CTAs of W warpgroups (any C * W >= P * S; the last
+// warpgroups idle where it is more), by default only W = 4 with C = 1: S = 4 weights such as
+// Llama-70B o [8192, 8192] and down [8192, 28672], one CTA per m-tile, 1-3 % faster at 1-8 tokens.
+// Every slice must hold >= 16 records (down: 28): o [4096, 4096] (8 per slice) measured level at
+// 1-4 tokens and slower at 16, so it keeps the split grid. At 32-64 tokens each warpgroup's own
+// activation tile (4-8 KB per stage) leaves too little shared memory for the ring.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -53,17 +57,33 @@ constexpr int kMaxSlices = 8;    // K slices per cluster (two CTAs of up to 4 wa
 constexpr int kMaxWarpgroups = kMaxSlices / 2;
 constexpr int kRowsPad = 68;     // floats per token row of the partial table: 64 rows + 4 (banks)
 
-__host__ __device__ constexpr int wholek_stage_bytes(int nch) { return kHalf + nch * 8 * 128; }
-
-// Shared memory beyond the ring (rank 0's epilogue tables, kept apart from the ring so that rank
-// 1 can write its partials while rank 0 still streams): the S partials P[slice][token][row] (rows
-// padded to kRowsPad floats), and the staged escapes of the m-tile's 64 rows: per row up to
-// 2 * warpgroups of them (the true value EW[slot][row] and x at each token X[slot][token][row]).
-__host__ __device__ constexpr int wholek_table_bytes(int nch, int wgs) {
-  return (2 * wgs) * 8 * nch * kRowsPad * 4 + (2 * wgs) * (8 * nch + 1) * 64 * 4;
+// A cluster of C CTAs of W warpgroups holds the S units (m-tile, slice) of P = C W / S m-tiles,
+// its last C W - P S warpgroups idle. wholek_exact: the fewest CTAs with none idle (C = P S / W
+// with P = W / gcd(S, W)); W = S / 2 gives P = 1, C = 2.
+__host__ __device__ constexpr int wholek_mtiles(int S, int W, int C) { return C * W / S; }
+__host__ __device__ constexpr int wholek_exact(int S, int W) {
+  int a = S, b = W;
+  while (b) {
+    const int r = a % b;
+    a = b;
+    b = r;
+  }
+  return S / a;
 }
 
-// Rank 0's per-thread epilogue data: its row (of the m-tile's 64) and one escape slot of that row
+__host__ __device__ constexpr int wholek_stage_bytes(int nch) { return kHalf + nch * 8 * 128; }
+
+// Shared memory beyond the ring (an owner's epilogue tables, kept apart from the ring so that the
+// other ranks can write their partials while it still streams): the S partials
+// P[slice][token][row] (rows padded to kRowsPad floats; room for at least 2 * warpgroups), and the
+// staged escapes of the m-tile's 64 rows: per row up to 2 * warpgroups of them (one per token
+// group of 64 threads: the true value EW[slot][row] and x at each token X[slot][token][row]).
+__host__ __device__ constexpr int wholek_slices_room(int S, int wgs) { return S > 2 * wgs ? S : 2 * wgs; }
+__host__ __device__ constexpr int wholek_table_bytes(int nch, int wgs, int S) {
+  return wholek_slices_room(S, wgs) * 8 * nch * kRowsPad * 4 + (2 * wgs) * (8 * nch + 1) * 64 * 4;
+}
+
+// An owner's per-thread epilogue data: its row (of the m-tile's 64) and one escape slot of that row
 // (slot = the thread's token group), loaded in steps spread over the main loop so that the
 // dependent chain esc_ptr -> esc_col -> x is never exposed after it (the reduce kernel stages the
 // same before its griddepcontrol.wait): each step consumes registers loaded records earlier.
@@ -112,9 +132,17 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) gemm_w12_wholek_kerne
   cg::cluster_group cluster = cg::this_cluster();
   const int tid = threadIdx.x, nthreads = blockDim.x, wgs = nthreads >> 7, w = tid >> 7, wt = tid & 127;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3, quarter = wt >> 5;
-  const int rank = static_cast<int>(cluster.block_rank());  // blockIdx.x & 1
-  const int rowtile = blockIdx.x >> 2, mt = (blockIdx.x >> 1) & 1;
-  const int kt0 = (rank * wgs + w) * p.kper, nrec = min(p.KT - kt0, p.kper);
+  const int rank = static_cast<int>(cluster.block_rank()), cs = static_cast<int>(cluster.num_blocks());
+  const int pm = wholek_mtiles(p.S, wgs, cs), mtiles = 2 * ((p.N + 127) >> 7);
+  const int mt0 = blockIdx.x / cs * pm;  // the cluster's first m-tile
+  // This warpgroup's unit: m-tile um (records of row tile um / 2, fragments of half um & 1), slice
+  // us. Units past the cluster's P m-tiles (its idle warpgroups) or past the last m-tile stream
+  // nothing (nrec = 0) and take part in the barriers only.
+  const int u = rank * wgs + w, um = mt0 + u / p.S, us = u % p.S;
+  const bool busy = u < pm * p.S;
+  const int rowtile = um >> 1, mt = um & 1;
+  const int kt0 = us * p.kper, nrec = busy && um < mtiles ? min(p.KT - kt0, p.kper) : 0;
+  const bool owner = rank < pm;  // rank j runs the epilogue of the cluster's m-tile j
   if (p.pdl) pdl_wait();
   // Let a PDL-launched next kernel be placed as SMs free up (its CTAs wait for this grid's end):
   // a split grid's CTA fits beside this one (diagnostic 2048: no early trigger).
@@ -162,16 +190,17 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) gemm_w12_wholek_kerne
     if (s < nrec) load_next();
     cp_async_commit();
   }
-  // Rank 0's epilogue: the thread's row (of the m-tile's 64) and token group tg (tokens tg,
+  // An owner's epilogue: the thread's row (of its m-tile's 64) and token group tg (tokens tg,
   // tg + 2 wgs, ...; also its escape slot); its row data is in flight from here.
-  const int rl = tid & 63, n = rowtile * 128 + (rl >> 4) * 32 + mt * 16 + (rl & 15), tg = tid >> 6;
+  const int om = mt0 + rank, rl = tid & 63, tg = tid >> 6;
+  const int n = (om >> 1) * 128 + (rl >> 4) * 32 + (om & 1) * 16 + (rl & 15);
   float* P = reinterpret_cast<float*>(smem + STAGES * wgs * kStage);
-  float* X = P + 2 * wgs * T * kRowsPad;
+  float* X = P + wholek_slices_room(p.S, wgs) * T * kRowsPad;
   float* EW = X + 2 * wgs * T * 64;
   EpilogueStage<T> es;
-  if (rank == 0) es.rows(n, p);
-  // Rank 1 writes into rank 0's shared memory after its loop: rank 0 must have started by then
-  // (this arrive, and the wait before those writes).
+  if (owner) es.rows(n, p);
+  // The other ranks write into an owner's shared memory after their loops: it must have started
+  // by then (this arrive, and the wait before those writes).
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 
   float acc[ND];
@@ -213,39 +242,41 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) gemm_w12_wholek_kerne
   // slices), each consuming registers loaded at least one record earlier.
   int i = 0;
   for (; i < min(nrec, 3); ++i) step(i);
-  if (nrec > 3 && rank == 0) es.escape(tg, p);
+  if (nrec > 3 && owner) es.escape(tg, p);
   for (; i < min(nrec, 5); ++i) step(i);
-  if (nrec > 5 && rank == 0) es.x_load(tg, p);
+  if (nrec > 5 && owner) es.x_load(tg, p);
   for (; i < min(nrec, 6); ++i) step(i);
-  if (nrec > 6 && rank == 0) es.x_store(tg, rl, X, EW);
+  if (nrec > 6 && owner) es.x_store(tg, rl, X, EW);
   for (; i < nrec; ++i) step(i);
   wgmma_wait0();
 #pragma unroll
   for (int k = 0; k < ND; ++k) pin(acc[k]);
   cp_async_wait<0>();
-  if (nrec <= 3 && rank == 0) es.escape(tg, p);
-  if (nrec <= 5 && rank == 0) es.x_load(tg, p);
-  if (nrec <= 6 && rank == 0) es.x_store(tg, rl, X, EW);
+  if (nrec <= 3 && owner) es.escape(tg, p);
+  if (nrec <= 5 && owner) es.x_load(tg, p);
+  if (nrec <= 6 && owner) es.x_store(tg, rl, X, EW);
 
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
   if (p.diag & 4) return;  // diagnostic (wrong output): the loops alone, no sum or epilogue
-  // Slice rank * wgs + w's partial: rows 16 quarter + g (+8) of the m-tile's 64, tokens 8j + 2t
-  // (+1), into rank 0's table (rank 1's through distributed shared memory; the 4 lanes t of a row
-  // fall in different banks). The cluster barrier then orders them before rank 0's reads.
-  float* dst = rank == 0 ? P : cluster.map_shared_rank(P, 0);
-  const int sl = rank * wgs + w;
+  // Slice us's partial: rows 16 quarter + g (+8) of the m-tile's 64, tokens 8j + 2t (+1), into
+  // its owner's table (another rank's through distributed shared memory; the 4 lanes t of a row
+  // fall in different banks). The cluster barrier then orders them before the owner's reads.
+  const int own = u / p.S;
+  float* dst = own == rank ? P : cluster.map_shared_rank(P, busy ? own : 0);
+  const int sl = us;
+  if (busy)
 #pragma unroll
-  for (int j = 0; j < NCH; ++j)
+    for (int j = 0; j < NCH; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      dst[(sl * T + 8 * j + 2 * t + (i & 1)) * kRowsPad + quarter * 16 + g + 8 * (i >> 1)] = acc[4 * j + i];
+      for (int i = 0; i < 4; ++i)
+        dst[(sl * T + 8 * j + 2 * t + (i & 1)) * kRowsPad + quarter * 16 + g + 8 * (i >> 1)] = acc[4 * j + i];
   cluster.sync();
-  if (rank != 0 || n >= p.N) return;
+  if (!owner || n >= p.N) return;
   // The reduce kernel's operations per output: the slices in add_slice's order, then scale,
   // escapes in list order (staged slots first), bias.
-  const int S = 2 * wgs, ne = es.e1 - es.e0, staged = min(ne, S);
+  const int S = p.S, groups = 2 * wgs, ne = es.e1 - es.e0, staged = min(ne, groups);
   const float sc = row_scale(es.braw), slot = sc * 0x1p-15f;
-  for (int m = tg; m < p.M; m += S) {
+  for (int m = tg; m < p.M; m += groups) {
     float y = 0.f, pend = 0.f;
     for (int s = 0; s < S; ++s) add_slice(y, pend, P[(s * T + m) * kRowsPad + rl], s, S);
     y = y * sc;
@@ -277,53 +308,105 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) gemm_w12_wholek_kerne
 
 
 template <int NCH, int STAGES>
-cudaError_t launch_wholek(const WParams& p, int nt, cudaStream_t stream) {
+cudaError_t launch_wholek(const WParams& p, int wgs, int cs, int nt, cudaStream_t stream) {
   constexpr auto kern = gemm_w12_wholek_kernel<NCH, STAGES>;
-  const int wgs = p.S / 2, smem = STAGES * wgs * wholek_stage_bytes(NCH) + wholek_table_bytes(NCH, wgs);
+  const int smem = STAGES * wgs * wholek_stage_bytes(NCH) + wholek_table_bytes(NCH, wgs, p.S);
+  const int pm = wholek_mtiles(p.S, wgs, cs);
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   if ((e = set_smem_limit_once<kern>(dev, smem)) != cudaSuccess) return e;
-  return launch_ex(kern, dim3(4 * nt), dim3(128 * wgs), smem, stream, 2, p.pdl != 0, p);
+  return launch_ex(kern, dim3((2 * nt + pm - 1) / pm * cs), dim3(128 * wgs), smem, stream, cs, p.pdl != 0, p);
 }
 
 template <int NCH>
-cudaError_t launch_wholek_stages(const WParams& p, int nt, int stages, cudaStream_t stream) {
-  if (stages == 4) return launch_wholek<NCH, 4>(p, nt, stream);
-  return launch_wholek<NCH, 3>(p, nt, stream);
+cudaError_t launch_wholek_stages(const WParams& p, int wgs, int cs, int nt, int stages, cudaStream_t stream) {
+  if (stages == 4) return launch_wholek<NCH, 4>(p, wgs, cs, nt, stream);
+  return launch_wholek<NCH, 3>(p, wgs, cs, nt, stream);
 }
 
-}  // namespace
+struct WholekForm {
+  int wgs = 0, stages = 0, cluster = 0;
+};
 
-int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_optin, int stages, int flags) {
+// The whole-K clusters' form for an [N, K] weight in S slices at `tokens` (docs above
+// wholek_stages in gemm_w12_mma.cuh), or {}. Two CTAs of S / 2 warpgroups per m-tile for an even
+// S where 4 CTAs per 128-row tile fit one per SM (session 15). Else, where the split grid puts two
+// CTAs (2 kper records) on some SM, m-tiles packed into clusters of C = S / gcd(S, W) CTAs of W = 4
+// warpgroups, one CTA per SM (every SM then streams four units of kper half records, what the
+// split grid's busiest SMs stream, without its reduce kernel), taken by default only where C <= 2:
+// S = 4, one CTA per m-tile (session 43: Llama-70B o [8192, 8192] -3 % at 1-4 tokens, down [8192,
+// 28672] -0.7..1 %). Larger clusters (qkv [6144, 4096]: five CTAs of four m-tiles) are not all
+// resident at once on the H200 (cudaOccupancyMaxActiveClusters; forced, the last ones ran as a
+// second wave, 12.5 -> 20-23 us), and a resident cluster of four CTAs with a warpgroup idle ran
+// 6-8 % slower than the split grid at 4-16 tokens ([5665, 5000]); diagnostic 2097152 takes every
+// packing (W = 4, else two warpgroups per CTA and two CTAs per SM; W <= S, since each m-tile's
+// owner must be a rank of its cluster) whatever the driver holds at once, 1048576 none.
+static WholekForm wholek_form(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages,
+                              int flags) {
   const int nt = (N + 127) / 128, nch = tokens <= 8 ? 1 : 2, kt = (K + 63) / 64;
-  if (flags & kWholekOff) return 0;
-  if (tokens < 1 || tokens > 16 || S < 2 || S > kMaxSlices || (S & 1) || 4 * nt > sms) return 0;
+  if ((flags & kWholekOff) || tokens < 1 || tokens > 16 || S < 2 || S > kMaxSlices) return {};
   // Slices of >= 16 records (session 15, call 8): down [4096, 14336] (28 per slice) ran 24.3
   // against 25.5 us at M = 1 and 26.1 against 27.1 at 16; o [4096, 4096] (8 per slice) level at
   // 1-4 tokens and 0.9 us slower at 16. A short slice cannot hide the deeper ring's prologue and
   // the epilogue data's three loading steps, whose last one lands after record 5.
-  if ((kt + S - 1) / S < 16 && !(flags & kWholekShortSlices)) return 0;
-  // One CTA per SM (qkv's 192 CTAs, two on some SMs, measured slower than its split grid): a ring
-  // as deep as the CTA's shared memory allows beside the epilogue tables, up to 4; 3 at least.
-  // Five stages (the cap until session 42, where they fit: 1-8 tokens) ran down [4096, 14336]
-  // 0.4-0.6 us slower than four at 1-8 tokens in both orders of an interleaved run, and [3584,
-  // 18944] level (docs/perf-notes.md, session 42); three are no faster than four.
-  int fit = (smem_optin - wholek_table_bytes(nch, S / 2)) / ((S / 2) * wholek_stage_bytes(nch));
-  fit = fit > 4 ? 4 : fit;
-  if (fit < 3) return 0;
-  return (stages == 3 || stages == 4) && stages <= fit ? stages : fit;
+  if ((kt + S - 1) / S < 16 && !(flags & kWholekShortSlices)) return {};
+  // A ring as deep as the CTA's shared memory allows beside the epilogue tables, up to 4; 3 at
+  // least. Five stages (the cap until session 42, where they fit: 1-8 tokens) ran down [4096,
+  // 14336] 0.4-0.6 us slower than four at 1-8 tokens in both orders of an interleaved run, and
+  // [3584, 18944] level (docs/perf-notes.md, session 42); three are no faster than four.
+  auto depth = [&](int wgs, int limit) {
+    int fit = (limit - wholek_table_bytes(nch, wgs, S)) / (wgs * wholek_stage_bytes(nch));
+    fit = fit > 4 ? 4 : fit;
+    if (fit < 3) return 0;
+    return (stages == 3 || stages == 4) && stages <= fit ? stages : fit;
+  };
+  if (!(S & 1) && 4 * nt <= sms) {
+    const int st = depth(S / 2, smem_optin);
+    return st ? WholekForm{S / 2, st, 2} : WholekForm{};
+  }
+  if ((flags & kWholekNoPack) || nt * S <= sms) return {};
+  const bool every = (flags & kWholekEveryPacking) != 0;
+  for (int wgs = kMaxWarpgroups; wgs >= 2; wgs >>= 1) {
+    const int cs = wholek_exact(S, wgs), pm = wholek_mtiles(S, wgs, cs), per_sm = kMaxWarpgroups / wgs;
+    if (wgs > S || (!every && (wgs < kMaxWarpgroups || cs > 2))) continue;
+    if ((2 * nt + pm - 1) / pm * cs > per_sm * sms) continue;
+    const int limit = per_sm == 1 ? smem_optin : smem_sm / per_sm - kSmemReservedPerCta;
+    const int st = depth(wgs, limit < smem_optin ? limit : smem_optin);
+    if (st) return {wgs, st, cs};
+  }
+  return {};
+}
+
+}  // namespace
+
+int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags) {
+  return wholek_form(N, K, S, tokens, sms, smem_sm, smem_optin, stages, flags).stages;
+}
+
+int wholek_warpgroups(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags) {
+  return wholek_form(N, K, S, tokens, sms, smem_sm, smem_optin, stages, flags).wgs;
+}
+
+int wholek_cluster_ctas(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags) {
+  return wholek_form(N, K, S, tokens, sms, smem_sm, smem_optin, stages, flags).cluster;
 }
 
 cudaError_t gemm_wholek_launch(const GemmArgs& a, int m0, int tokens, int S, int stages, bool pdl,
                                cudaStream_t stream) {
-  if (S < 2 || S > kMaxSlices || (S & 1) || tokens < 1 || tokens > 16 || stages < 3) return cudaErrorInvalidValue;
+  DevInfo di;
+  int dev = 0;
+  cudaError_t e = dev_info(di, dev);
+  if (e != cudaSuccess) return e;
+  const WholekForm f = wholek_form(a.N, a.K, S, tokens, di.sms, di.smem_sm, di.smem_optin, stages, a.flags);
+  if (!f.wgs || f.stages != stages) return cudaErrorInvalidValue;
   WParams p{};
   set_split_pass(p, a, m0, tokens, S);
   p.pdl = pdl ? 1 : 0;
   p.diag = a.flags & (4 | 2048);
   const int nt = (a.N + 127) / 128;
-  return tokens <= 8 ? launch_wholek_stages<1>(p, nt, stages, stream) : launch_wholek_stages<2>(p, nt, stages, stream);
+  return tokens <= 8 ? launch_wholek_stages<1>(p, f.wgs, f.cluster, nt, stages, stream)
+                     : launch_wholek_stages<2>(p, f.wgs, f.cluster, nt, stages, stream);
 }
 
 }  // namespace w12

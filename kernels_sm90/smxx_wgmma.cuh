@@ -19,6 +19,8 @@ namespace w12 {
 namespace {
 
 constexpr int kRec = 12288;  // one record: 128 rows x 64 columns, 12 bits each
+// The shared memory an SM reserves per resident CTA beside what the kernel asks (1 KB on sm_80-sm_120).
+constexpr int kSmemReservedPerCta = 1024;
 
 struct WParams : GemmOperands {
   int M, N, KT, S, kper;

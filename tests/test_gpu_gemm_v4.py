@@ -168,6 +168,50 @@ def test_v4_wholek_matches_split_grid(n, k, bias, diag, m, monkeypatch):
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize(
+    "n,k,slices,diag",
+    [
+        # Larger clusters with diagnostic 2097152 (not by default: on the H200 they are not all
+        # resident at once). qkv: 4 m-tiles per cluster of 5 CTAs, 13-record slices
+        (6144, 4096, 5, 131072 | 2097152),
+        (5665, 5000, 5, 2097152),  # the last cluster half full, N off the tile edge, the last slice 15
+        (8995, 2000, 3, 131072 | 2097152),  # 2 m-tiles per cluster of 3 two-warpgroup CTAs
+        (7182, 5000, 4, 0),  # by default: one m-tile per CTA (a cluster of one), N off the tile edge
+        (4296, 1000, 6, 131072 | 2097152),  # 2 m-tiles per cluster of 3, slices of 3 records, the last of 1
+        (4370, 3000, 7, 131072 | 2097152),  # 4 m-tiles per cluster of 7, the last cluster half full
+    ],
+)
+def test_v4_wholek_packed_matches_split_grid(n, k, slices, diag, m, monkeypatch):
+    # Where two CTAs per m-tile would not fit one per SM (odd S, or 4 CTAs per 128-row tile more
+    # than the SMs), the whole-K clusters pack W warpgroups per CTA: unit r * W + w streams
+    # slice u % S of the cluster's m-tile u / S and writes its partial into the owner rank's
+    # shared memory (two warpgroups per CTA, two CTAs per SM, where S < 4). Same wgmma per slice
+    # and adds as the split grid + reduce kernel (W12_GEMM_DIAG=16), and as the packed form
+    # turned off (1048576).
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert cuda_ops.splits(n, k, DEV, 4) == slices, f"[{n}, {k}]: the case needs {slices} slices on {sms} SMs"
+    assert cuda_ops.wholek_stages(n, k, m, DEV, diag) >= 3, f"[{n}, {k}] at M={m} must take the packed form"
+    assert cuda_ops.wholek_warpgroups(n, k, m, DEV, diag) in (2, 4)
+    cs = cuda_ops.wholek_cluster(n, k, m, DEV, diag)
+    assert 1 <= cs <= 8, f"[{n}, {k}] at M={m}: {cs} CTAs per cluster"
+    assert cuda_ops.wholek_stages(n, k, m, DEV, diag | 1048576) == 0, "1048576 must turn the packed form off"
+    gen = torch.Generator().manual_seed(160 + m + slices)
+    wt = _weight(n, k, gen, spread=False)
+    w = w12.pack(wt).to(DEV).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    b = torch.randn(n, generator=gen).to(DEV) if m % 2 else None
+    monkeypatch.setenv("W12_GEMM_DIAG", str(diag))
+    _poison_next_alloc(m * n)
+    y = w12.linear(x, w, b)
+    _assert_close(y, _ref(x, wt.to(DEV), b), x, wt.to(DEV))
+    for other in ("16", str(diag | 1048576)):
+        monkeypatch.setenv("W12_GEMM_DIAG", other)
+        assert torch.equal(w12.linear(x, w, b).view(torch.int16), y.view(torch.int16)), f"W12_GEMM_DIAG={other}"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 @pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 100])
 @pytest.mark.parametrize(
     "n,k,bias",
@@ -225,8 +269,9 @@ def test_v4_bulk_records_change_no_bit(tiles_per_sm, k, bias, m, monkeypatch):
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 def test_v4_wholek_rule():
-    # Where the whole-K clusters run: at most 16 tokens, an even 2-8 slices of >= 16 records, at
-    # most one CTA per SM (four per 128-row tile).
+    # Where the whole-K clusters run: at most 16 tokens, 2-8 slices of >= 16 records, at most one
+    # CTA per SM: four per 128-row tile for an even S, else (or where those are too many) four
+    # warpgroups per CTA packing m-tiles, where the split grid has two CTAs on some SM.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert cuda_ops.wholek_stages(4096, 14336, 16, DEV) >= 3
     assert cuda_ops.wholek_stages(4096, 14336, 17, DEV) == 0
@@ -236,8 +281,20 @@ def test_v4_wholek_rule():
         assert cuda_ops.wholek_stages(4096, 4096, 1, DEV, diag=131072) >= 3
     assert cuda_ops.wholek_stages(28672, 4096, 1, DEV) == 0  # unsplit
     n_many = 128 * (sms // 4 + 1)
-    if 1 < cuda_ops.splits(n_many, 14336, DEV, 4) <= 8:
-        assert cuda_ops.wholek_stages(n_many, 14336, 1, DEV) == 0  # more than one CTA per SM
+    if 1 < cuda_ops.splits(n_many, 14336, DEV, 4) <= 8:  # two CTAs per m-tile: more than one per SM
+        assert cuda_ops.wholek_stages(n_many, 14336, 1, DEV, diag=1048576) == 0
+    if cuda_ops.splits(6144, 4096, DEV, 4) == 5 and sms >= 120:  # qkv: 13-record slices
+        assert cuda_ops.wholek_stages(6144, 4096, 1, DEV) == 0
+        assert cuda_ops.wholek_stages(6144, 4096, 1, DEV, diag=131072) == 0  # clusters of 5: not by default
+        assert cuda_ops.wholek_stages(6144, 4096, 16, DEV, diag=131072 | 2097152) >= 3
+        assert cuda_ops.wholek_warpgroups(6144, 4096, 16, DEV, diag=131072 | 2097152) == 4
+        assert cuda_ops.wholek_cluster(6144, 4096, 16, DEV, diag=131072 | 2097152) == 5
+        assert cuda_ops.wholek_stages(6144, 4096, 17, DEV, diag=131072 | 2097152) == 0
+    if cuda_ops.splits(8192, 8192, DEV, 4) == 4 and sms >= 128:  # one 4-warpgroup CTA per m-tile
+        assert cuda_ops.wholek_stages(8192, 8192, 1, DEV) >= 3
+        assert cuda_ops.wholek_warpgroups(8192, 8192, 1, DEV) == 4
+        assert cuda_ops.wholek_cluster(8192, 8192, 1, DEV) == 1
+        assert cuda_ops.wholek_stages(8192, 8192, 1, DEV, diag=1048576) == 0
     if cuda_ops.splits(512, 4096, DEV, 4) > 8:
         assert cuda_ops.wholek_stages(512, 4096, 1, DEV) == 0  # more slices than warpgroups
 

@@ -59,7 +59,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 13
+_GEMM_ABI = 14
 
 
 def library_path() -> Path:
@@ -179,6 +179,10 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_splits.argtypes = [_INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_wholek_stages.restype = _INT
     so.w12_gemm_wholek_stages.argtypes = [_INT, _INT, _INT, _INT, _INT]
+    so.w12_gemm_wholek_warpgroups.restype = _INT
+    so.w12_gemm_wholek_warpgroups.argtypes = [_INT, _INT, _INT, _INT, _INT]
+    so.w12_gemm_wholek_cluster.restype = _INT
+    so.w12_gemm_wholek_cluster.argtypes = [_INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_pair_grid.restype = _INT
     so.w12_gemm_pair_grid.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_nobar.restype = _INT
@@ -335,7 +339,7 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
 
 def _diag_env() -> int:
     """``W12_GEMM_DIAG`` (checked), 0 where unset."""
-    return _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 20)) if "W12_GEMM_DIAG" in os.environ else 0
+    return _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 22)) if "W12_GEMM_DIAG" in os.environ else 0
 
 
 def pair_grid(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> bool:
@@ -407,16 +411,35 @@ def splits(n: int, k: int, device="cuda", kernel: int | None = None) -> int:
 def wholek_stages(n: int, k: int, m: int, device="cuda", diag: int = 0) -> int:
     """Ring depth of v4's whole-K clusters for an (N, K) weight at ``m`` token rows on ``device``
     with ``W12_GEMM_DIAG`` bits ``diag``, or 0 where v4 runs its K-split grid and reduce kernel (or an
-    unsplit grid) instead. They run at <= 16 tokens on weights cut into an even 2-8 slices of >= 16
-    records each (any length with diagnostic 131072) whose 4 CTAs per 128-row tile fit one per SM;
-    the bits are the same either way."""
+    unsplit grid) instead. They run at <= 16 tokens on weights cut into 2-8 slices of >= 16 records
+    each (any length with diagnostic 131072) where one warpgroup per (64-row m-tile, slice) fits
+    the SMs in one wave (:func:`wholek_warpgroups` says how they are packed); the bits are the same
+    either way."""
+    return _wholek_query("w12_gemm_wholek_stages", n, k, m, device, diag)
+
+
+def wholek_warpgroups(n: int, k: int, m: int, device="cuda", diag: int = 0) -> int:
+    """Warpgroups per CTA of v4's whole-K clusters (arguments as :func:`wholek_stages`): S / 2 where
+    two CTAs hold one m-tile's S slices, 4 (or 2, two CTAs per SM, with diagnostic 2097152) where
+    whole m-tiles are packed into each cluster, 0 where they do not run."""
+    return _wholek_query("w12_gemm_wholek_warpgroups", n, k, m, device, diag)
+
+
+def wholek_cluster(n: int, k: int, m: int, device="cuda", diag: int = 0) -> int:
+    """CTAs per cluster of v4's whole-K clusters (arguments as :func:`wholek_stages`): 2 where two
+    CTAs hold one m-tile's slices; with packed m-tiles S / gcd(S, W) (by default only 1: S = 4 in
+    four-warpgroup CTAs; more with diagnostic 2097152); 0 where they do not run."""
+    return _wholek_query("w12_gemm_wholek_cluster", n, k, m, device, diag)
+
+
+def _wholek_query(fn: str, n: int, k: int, m: int, device, diag: int) -> int:
     dev = torch.device(device)
     _check_device(dev)
     with torch.cuda.device(dev):
-        st = int(_gemm_lib().w12_gemm_wholek_stages(n, k, m, target_ctas(dev), diag))
-    if st < 0:
+        v = int(getattr(_gemm_lib(), fn)(n, k, m, target_ctas(dev), diag))
+    if v < 0:
         raise RuntimeError(f"w12: cannot query {dev} for v4's whole-K clusters")
-    return st
+    return v
 
 
 # Ticket counters of the K-split reduction: zero between calls (each call leaves them zero), one
