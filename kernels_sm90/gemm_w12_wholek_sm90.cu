@@ -30,9 +30,11 @@
 //
 // Two packings (wholek_form): one m-tile per cluster of two CTAs of W = S / 2 warpgroups (session
 // 15; an even S where 4 CTAs per 128-row tile fit one per SM: down [4096, 14336]), and (session
-// 43) P = C W / S m-tiles per cluster of C CTAs of W warpgroups (any C * W >= P * S; the last
-// warpgroups idle where it is more), by default only W = 4 with C = 1: S = 4 weights such as
-// Llama-70B o [8192, 8192] and down [8192, 28672], one CTA per m-tile, 1-3 % faster at 1-8 tokens.
+// 43) P = C W / S m-tiles per cluster of C CTAs of W warpgroups, by default only W = 4 with C = 1:
+// S = 4 weights such as Llama-70B o [8192, 8192] and down [8192, 28672], one CTA per m-tile, 1-3 %
+// faster at 1-8 tokens. The kernel also runs clusters whose last warpgroups hold no unit (C W >
+// P S); the rule launches exact ones only (C = S / gcd(S, W)), since a cluster of four CTAs with a
+// warpgroup idle ran 6-8 % slower than the split grid at 4-16 tokens (session 43, call 5).
 // Every slice must hold >= 16 records (down: 28): o [4096, 4096] (8 per slice) measured level at
 // 1-4 tokens and slower at 16, so it keeps the split grid. At 32-64 tokens each warpgroup's own
 // activation tile (4-8 KB per stage) leaves too little shared memory for the ring.
@@ -59,7 +61,7 @@ constexpr int kRowsPad = 68;     // floats per token row of the partial table: 6
 
 // A cluster of C CTAs of W warpgroups holds the S units (m-tile, slice) of P = C W / S m-tiles,
 // its last C W - P S warpgroups idle. wholek_exact: the fewest CTAs with none idle (C = P S / W
-// with P = W / gcd(S, W)); W = S / 2 gives P = 1, C = 2.
+// with P = W / gcd(S, W)), the only clusters wholek_form launches; W = S / 2 gives P = 1, C = 2.
 __host__ __device__ constexpr int wholek_mtiles(int S, int W, int C) { return C * W / S; }
 __host__ __device__ constexpr int wholek_exact(int S, int W) {
   int a = S, b = W;
