@@ -224,11 +224,13 @@ def bench_shape(
                 t, p25, p75, inst = pooled[vi + 1]
             else:
                 t, p25, p75, inst = timed_instances(w12_fns, x, var, ws)
-            set_variant(var)
-            wv = [in_kernel_layout(w) for w in ws]
+            set_variant(var)  # for the hot run and the rule queries below
             # --hot: one copy over and over, so that a weight smaller than L2 is read from L2: a
             # grid as slow hot as cold is bound by its CTAs' own per-record work, not by HBM.
-            t_hot = time_graph([lambda w=wv[0], x=x: w12.linear(x, w)] * 8, reps)[0] if hot else None
+            t_hot = None
+            if hot:
+                w0 = in_kernel_layout(ws[0])
+                t_hot = time_graph([lambda w=w0, x=x: w12.linear(x, w)] * 8, reps)[0]
             kver = cuda_ops.kernel_version(n, k)
             rows.append(
                 {
