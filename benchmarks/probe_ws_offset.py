@@ -46,30 +46,24 @@ def _shape(name: str) -> tuple[int, int]:
 
 
 def gemm_call(w, x, y, ws_ptr: int):
-    """One w12_gemm launch as ``w12.linear`` makes it, with the workspace pointer given."""
-    so = cuda_ops._gemm_lib()
-    dev = x.device
+    """One w12_gemm launch as ``w12.linear`` makes it (no bias, no diagnostics), with the
+    workspace pointer given."""
     n, k = w.N, w.K
-    m = x.shape[0]
-    sm = cuda_ops._check_device(dev)
+    dev = x.device
     kver = cuda_ops.kernel_version(n, k, dev)
-    tgt = sm * 2
-    n_counters = int(so.w12_gemm_counters(n, k, tgt, sm, kver))
-    flags = 0 if cuda_ops._pdl(kver, n, k, m, dev) else 32
+    tgt = cuda_ops._check_device(dev) * 2
+    flags = 0 if cuda_ops._pdl(kver, n, k, x.shape[0], dev) else 32
     rec, base, esc_ptr, esc_col, esc_val = w.tensors()
 
     def launch():
-        # The stream current at the call: capture_graph warms up on a side stream and captures on
-        # torch's capture stream.
-        stream = torch.cuda.current_stream(dev)
-        counters = cuda_ops._counters(dev, stream, n_counters, xt=True) if n_counters else None
-        code = so.w12_gemm(
-            x.data_ptr(), x.stride(0), rec.data_ptr(), base.data_ptr(), esc_ptr.data_ptr(),
-            esc_col.data_ptr(), esc_val.data_ptr(), None, y.data_ptr(), n, m, n, k,
-            ws_ptr or None, counters, tgt, 0, flags, kver, stream.cuda_stream,
+        # Launches on the stream current at the call: capture_graph warms up on a side stream and
+        # captures on torch's capture stream.
+        code = cuda_ops.gemm_launch(
+            x, rec, base, esc_ptr, esc_col, esc_val, None, y, n, k, ws_ptr or None,
+            tgt=tgt, stages=0, flags=flags, kver=kver,
         )  # fmt: skip
         if code != 0:
-            raise RuntimeError(f"w12_gemm failed for [{n}, {k}] at M={m}: {cuda_ops._err(code)}")
+            raise RuntimeError(f"w12_gemm failed for [{n}, {k}] at M={x.shape[0]}: {cuda_ops._err(code)}")
 
     return launch
 

@@ -32,9 +32,9 @@
 // 15; an even S where 4 CTAs per 128-row tile fit one per SM: down [4096, 14336]), and (session
 // 43) P = C W / S m-tiles per cluster of C CTAs of W warpgroups, by default only W = 4 with C = 1:
 // S = 4 weights such as Llama-70B o [8192, 8192] and down [8192, 28672], one CTA per m-tile, 1-3 %
-// faster at 1-8 tokens. The kernel also runs clusters whose last warpgroups hold no unit (C W >
-// P S); the rule launches exact ones only (C = S / gcd(S, W)), since a cluster of four CTAs with a
-// warpgroup idle ran 6-8 % slower than the split grid at 4-16 tokens (session 43, call 5).
+// faster at 1-8 tokens. Clusters are exact (C = S / gcd(S, W): every warpgroup holds a unit):
+// a cluster of four CTAs with a warpgroup idle ran 6-8 % slower than the split grid at 4-16
+// tokens (session 43, call 5), and its support was removed in session 44.
 // Every slice must hold >= 16 records (down: 28): o [4096, 4096] (8 per slice) measured level at
 // 1-4 tokens and slower at 16, so it keeps the split grid. At 32-64 tokens each warpgroup's own
 // activation tile (4-8 KB per stage) leaves too little shared memory for the ring.
@@ -59,9 +59,9 @@ constexpr int kMaxSlices = 8;    // K slices per cluster (two CTAs of up to 4 wa
 constexpr int kMaxWarpgroups = kMaxSlices / 2;
 constexpr int kRowsPad = 68;     // floats per token row of the partial table: 64 rows + 4 (banks)
 
-// A cluster of C CTAs of W warpgroups holds the S units (m-tile, slice) of P = C W / S m-tiles,
-// its last C W - P S warpgroups idle. wholek_exact: the fewest CTAs with none idle (C = P S / W
-// with P = W / gcd(S, W)), the only clusters wholek_form launches; W = S / 2 gives P = 1, C = 2.
+// A cluster of C CTAs of W warpgroups holds the S units (m-tile, slice) of P = C W / S m-tiles.
+// wholek_exact: the fewest CTAs with no warpgroup idle (C = P S / W with P = W / gcd(S, W)), the
+// only clusters the kernel runs (it gives every warpgroup a unit); W = S / 2 gives P = 1, C = 2.
 __host__ __device__ constexpr int wholek_mtiles(int S, int W, int C) { return C * W / S; }
 __host__ __device__ constexpr int wholek_exact(int S, int W) {
   int a = S, b = W;
@@ -138,12 +138,11 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) gemm_w12_wholek_kerne
   const int pm = wholek_mtiles(p.S, wgs, cs), mtiles = 2 * ((p.N + 127) >> 7);
   const int mt0 = blockIdx.x / cs * pm;  // the cluster's first m-tile
   // This warpgroup's unit: m-tile um (records of row tile um / 2, fragments of half um & 1), slice
-  // us. Units past the cluster's P m-tiles (its idle warpgroups) or past the last m-tile stream
-  // nothing (nrec = 0) and take part in the barriers only.
+  // us. Units past the last m-tile (in the grid's last cluster) stream nothing (nrec = 0) and take
+  // part in the barriers only.
   const int u = rank * wgs + w, um = mt0 + u / p.S, us = u % p.S;
-  const bool busy = u < pm * p.S;
   const int rowtile = um >> 1, mt = um & 1;
-  const int kt0 = us * p.kper, nrec = busy && um < mtiles ? min(p.KT - kt0, p.kper) : 0;
+  const int kt0 = us * p.kper, nrec = um < mtiles ? min(p.KT - kt0, p.kper) : 0;
   const bool owner = rank < pm;  // rank j runs the epilogue of the cluster's m-tile j
   if (p.pdl) pdl_wait();
   // Let a PDL-launched next kernel be placed as SMs free up (its CTAs wait for this grid's end):
@@ -264,14 +263,13 @@ __global__ void __launch_bounds__(128 * kMaxWarpgroups, 1) gemm_w12_wholek_kerne
   // its owner's table (another rank's through distributed shared memory; the 4 lanes t of a row
   // fall in different banks). The cluster barrier then orders them before the owner's reads.
   const int own = u / p.S;
-  float* dst = own == rank ? P : cluster.map_shared_rank(P, busy ? own : 0);
+  float* dst = own == rank ? P : cluster.map_shared_rank(P, own);
   const int sl = us;
-  if (busy)
 #pragma unroll
-    for (int j = 0; j < NCH; ++j)
+  for (int j = 0; j < NCH; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        dst[(sl * T + 8 * j + 2 * t + (i & 1)) * kRowsPad + quarter * 16 + g + 8 * (i >> 1)] = acc[4 * j + i];
+    for (int i = 0; i < 4; ++i)
+      dst[(sl * T + 8 * j + 2 * t + (i & 1)) * kRowsPad + quarter * 16 + g + 8 * (i >> 1)] = acc[4 * j + i];
   cluster.sync();
   if (!owner || n >= p.N) return;
   // The reduce kernel's operations per output: the slices in add_slice's order, then scale,
@@ -314,6 +312,7 @@ cudaError_t launch_wholek(const WParams& p, int wgs, int cs, int nt, cudaStream_
   constexpr auto kern = gemm_w12_wholek_kernel<NCH, STAGES>;
   const int smem = STAGES * wgs * wholek_stage_bytes(NCH) + wholek_table_bytes(NCH, wgs, p.S);
   const int pm = wholek_mtiles(p.S, wgs, cs);
+  if (pm * p.S != cs * wgs) return cudaErrorInvalidValue;  // the kernel gives every warpgroup a unit
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;

@@ -193,9 +193,12 @@ def test_v4_wholek_packed_matches_split_grid(n, k, slices, diag, m, monkeypatch)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert cuda_ops.splits(n, k, DEV, 4) == slices, f"[{n}, {k}]: the case needs {slices} slices on {sms} SMs"
     assert cuda_ops.wholek_stages(n, k, m, DEV, diag) >= 3, f"[{n}, {k}] at M={m} must take the packed form"
-    assert cuda_ops.wholek_warpgroups(n, k, m, DEV, diag) in (2, 4)
+    wgs = cuda_ops.wholek_warpgroups(n, k, m, DEV, diag)
+    assert wgs in (2, 4)
     cs = cuda_ops.wholek_cluster(n, k, m, DEV, diag)
     assert 1 <= cs <= 8, f"[{n}, {k}] at M={m}: {cs} CTAs per cluster"
+    # Exact clusters only: the kernel gives every warpgroup an (m-tile, slice) unit.
+    assert cs * wgs % slices == 0, f"[{n}, {k}] at M={m}: {cs} CTAs of {wgs} warpgroups leave one idle"
     assert cuda_ops.wholek_stages(n, k, m, DEV, diag | 1048576) == 0, "1048576 must turn the packed form off"
     gen = torch.Generator().manual_seed(160 + m + slices)
     wt = _weight(n, k, gen, spread=False)
