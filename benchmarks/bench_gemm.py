@@ -251,6 +251,8 @@ def bench_shape(
                     "wholek": cuda_ops.wholek_stages(n, k, m, diag=int(var[2])) if kver == 4 else 0,
                     "wholek_wgs": cuda_ops.wholek_warpgroups(n, k, m, diag=int(var[2])) if kver == 4 else 0,
                     "wholek_cluster": cuda_ops.wholek_cluster(n, k, m, diag=int(var[2])) if kver == 4 else 0,
+                    # v4's stream-K lanes on multi-wave unsplit grids at 33-128 tokens (0: none)
+                    "sk": cuda_ops.sk_lanes(n, k, min(m, 128), diag=int(var[2])) if kver == 4 else 0,
                 }
             )
             if hot:

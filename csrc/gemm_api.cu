@@ -22,8 +22,9 @@ extern "C" {
 // the kernel. 8: v4 reads layout 3, v1-v3 layout 4 (split records, decode16_split). 9:
 // w12_gemm_wholek_stages. 10: w12_gemm_counters takes the SM count; w12_gemm_xt_buffer (v4's XT).
 // 11: w12_gemm_pair_grid. 12: w12_gemm_nobar. 13: w12_gemm_nobar returns the consumer warpgroups.
-// 14: w12_gemm_wholek_warpgroups, w12_gemm_wholek_cluster.
-int w12_gemm_abi_version(void) { return 14; }
+// 14: w12_gemm_wholek_warpgroups, w12_gemm_wholek_cluster. 15: w12_gemm_sk_lanes; the XT scratch's
+// header holds SK's flags (4 KB).
+int w12_gemm_abi_version(void) { return 15; }
 
 // 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
 // sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
@@ -87,6 +88,13 @@ int w12_gemm_nobar(int n, int k, int m, int target_ctas, int sms, int flags) {
   return w12::wgmma_nobar(n, k, m, target_ctas, sms, flags);
 }
 
+// NB's stream-K lanes (SK, session 44: multi-wave unsplit row-tile-pair grids at 33-128 tokens as
+// persistent lanes, one an SM) for an (N, K) weight at m token rows (one pass); 0 where v4 runs
+// one unit a CTA or another form. Arguments as w12_gemm_pair_grid's.
+int w12_gemm_sk_lanes(int n, int k, int m, int target_ctas, int sms, int flags) {
+  return w12::wgmma_sk_lanes(n, k, m, target_ctas, sms, flags);
+}
+
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).
 // kernel: 1 = v1 (fixed K-split, gemm_w12_mma_sm120.cu), 2 = v2 (stream-K, gemm_w12_streamk_sm120.cu),
 // 3 = v3 (row slabs, gemm_w12_slab_sm120.cu: no workspace), 4 = v4 (wgmma,
@@ -100,9 +108,10 @@ int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, 
 
 // Ints of zeroed counter/flag memory a call needs (zero on entry, left zero on exit).
 // v4 reads its counters argument as the XT scratch on unsplit weights (gemm_w12_wgmma_sm90.cu): two
-// counts and x transposed, 256 B + ceil(K / 64) * 16 KB (xt_scratch_ints); callers give it a buffer
-// of its own (w12_gemm_xt_buffer), never v1's counters.
-static_assert(w12::xt_scratch_ints(4096) == 64 + 64 * 4096, "XT scratch: 256 B + 16 KB per 64 columns");
+// counts and the flags of its stream-K lanes (SK) in a 4 KB header, and x transposed, 16 KB per 64
+// columns (xt_scratch_ints); callers give it a buffer of its own (w12_gemm_xt_buffer), never v1's
+// counters.
+static_assert(w12::xt_scratch_ints(4096) == 1024 + 64 * 4096, "XT scratch: 4 KB + 16 KB per 64 columns");
 int w12_gemm_counters(int n, int k, int target_ctas, int sms, int kernel) {
   if (kernel == 3) return 0;
   if (kernel == 4) return w12::gemm_splits(n, k, target_ctas, sms, 4) == 1 ? w12::xt_scratch_ints(k) : 0;

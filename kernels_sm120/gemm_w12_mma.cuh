@@ -106,10 +106,13 @@ cudaError_t gemm_reduce_launch(const GemmArgs& a, int m0, int tokens, int S, cud
 // with v4's fill (gemm_splits(..., 4)), summed by v1's reduce kernel; up to kWgmmaMaxTokens
 // token rows per launch; workspace gemm_workspace_bytes(..., 4), no counters.
 constexpr int kWgmmaMaxTokens = 128;
-// v4's XT scratch on unsplit weights (gemm_w12_wgmma_sm90.cu: XT): two counts in a kXtHeader-byte
-// header, then x^T, kWgmmaMaxTokens BF16 per column; its size in ints for K columns
-// (w12_gemm_counters).
-constexpr int kXtHeader = 256;
+// v4's XT scratch on unsplit weights (gemm_w12_wgmma_sm90.cu: XT): a kXtHeader-byte header (two
+// counts in its first ints, SK's flags from int kSkFlags0 on: gemm_w12_nobar_sm90.cu), then x^T,
+// kWgmmaMaxTokens BF16 per column; its size in ints for K columns (w12_gemm_counters). The header
+// is never written by x^T, whatever the K of the stream's calls, so what each call leaves zero
+// stays zero.
+constexpr int kXtHeader = 4096;
+constexpr int kSkFlags0 = 64;
 constexpr int xt_scratch_ints(int k) { return kXtHeader / 4 + (k + 63) / 64 * 64 * kWgmmaMaxTokens * 2 / 4; }
 // cudaErrorNoKernelImageForDevice off sm_90.
 cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream);
@@ -147,8 +150,61 @@ __host__ __device__ constexpr int nb_parts(int wgc, int S) { return wgc == 3 ? (
 __host__ __device__ constexpr int nb_units(int wgc, int nt, int S) {
   return (wgc == 4 ? (nt + 1) / 2 : (2 * nt + 2) / 3) * nb_parts(wgc, S);
 }
+// SK (session 44): NB's row-tile pairs of a multi-wave unsplit weight (more pair units than SMs)
+// as stream-K lanes, one persistent CTA an SM. The units' K chains (KT records each) laid end to
+// end are cut into `lanes` equal ranges; a lane runs, in this order, the head of the chain its range
+// ends in (from zero, then parked), the chains wholly inside it, and the tail of the chain its range
+// starts in (continued from the head's parked accumulators: wgmma adds into whatever accumulator
+// it is given, so a chain's bits do not depend on where it is cut). With a range of at least KT
+// records (units >= lanes) a cut chain spans two lanes, the head in the earlier one, and the head
+// ends no later than the tail starts (range - KT records of slack), so no lane waits for another in
+// the steady state (McNaughton's wrap-around rule, run head first). sk_segments / sk_segment: a
+// lane's segments in run order {chain, first record, end record, kind}.
+struct SkSeg {
+  int u, r0, r1, kind;  // kind 0: a whole chain; 1: a head (parked); 2: a tail (continued)
+};
+__host__ __device__ inline int sk_bound(int lane, int lanes, int units, int KT) {
+  return static_cast<int>(static_cast<long long>(lane) * units * KT / lanes);
+}
+__host__ __device__ inline int sk_segments(int lane, int lanes, int units, int KT) {
+  const int f0 = sk_bound(lane, lanes, units, KT), f1 = sk_bound(lane + 1, lanes, units, KT);
+  return (f1 % KT != 0) + (f1 / KT - (f0 + KT - 1) / KT) + (f0 % KT != 0);
+}
+__host__ __device__ inline SkSeg sk_segment(int lane, int lanes, int units, int KT, int i) {
+  const int f0 = sk_bound(lane, lanes, units, KT), f1 = sk_bound(lane + 1, lanes, units, KT);
+  if (f1 % KT != 0) {
+    if (i == 0) return SkSeg{f1 / KT, 0, f1 % KT, 1};
+    --i;
+  }
+  const int full0 = (f0 + KT - 1) / KT;
+  if (i < f1 / KT - full0) return SkSeg{full0 + i, 0, KT, 0};
+  return SkSeg{f0 / KT, f0 % KT, KT, 2};
+}
+// SK's lanes for nt 128-row tiles at `tokens` rows on `sms` SMs (0: one pair unit a CTA), and the
+// bytes of its parked accumulators (a workspace, w12_gemm_workspace_bytes, sized as if kSkAll were
+// set, since it does not see the flags); its flags, 4 a lane, sit in the XT scratch's header
+// (w12_gemm_counters). By default at 33-64 tokens only: at 65-128 SK ran lm_head and 32B [51200,
+// 5120] 4-8 % slower than one unit a CTA (session 44, docs/perf-notes.md). kNoSk: diagnostic 8192
+// at 33-128 tokens (BAL's bit, which acts at <= 32 only), never SK; kSkAll: 2097152 at 33-128
+// (whole-K's "every packing", which acts at <= 16 only), SK at 65-128 tokens too.
+constexpr int kNoSk = 8192, kSkAll = 1 << 21;
+// Wrong output on purpose (timing probes): SK's tails go on without waiting for their heads' flags
+// (1 << 22), or no head parks and no tail loads (1 << 23).
+constexpr int kSkDiagNoWait = 1 << 22, kSkDiagNoHandoff = 1 << 23;
+// The lanes v4 runs for an (N, K) weight at `tokens` rows (one pass), where the caller gives the
+// workspace and counters (w12.linear does); 0 where it runs one unit a CTA or another form.
+int wgmma_sk_lanes(int N, int K, int tokens, int target_ctas, int sms, int flags);
+__host__ __device__ constexpr int nb_sk_lanes(int nt, int tokens, int sms, int flags) {
+  return tokens > 32 && tokens <= ((flags & kSkAll) ? kWgmmaMaxTokens : 64) && (nt + 1) / 2 > sms &&
+                 4 * sms <= kXtHeader / 4 - kSkFlags0 && !(flags & kNoSk)
+             ? sms
+             : 0;
+}
+constexpr long long nb_sk_park_bytes(int lanes, int tokens) {
+  return (long long)lanes * 4 * (tokens > 64 ? 16 : 8) * 128 * 16;
+}
 cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int kper, void* ws, int xth, bool pdl,
-                              int wgc, int sms, int smem_min, cudaStream_t stream);
+                              int wgc, int sms, int smem_min, int sk, cudaStream_t stream);
 // Whether v4's launcher, where it runs a split grid, takes the pair grid (PAIR: one CTA per two
 // consecutive K slices) for an [N, K] weight at `tokens` token rows (one pass, <= kWgmmaMaxTokens)
 // on a GPU with `sms` SMs, with v4's diagnostics `flags`. Timing only (the bits are the same either

@@ -405,9 +405,12 @@ int gemm_splits(int N, int K, int target_ctas, int sms, int kernel) {
 size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int kernel) {
   const int s = gemm_splits(N, K, target_ctas, sms, kernel);
   const int max_tokens = kernel == 4 ? kWgmmaMaxTokens : kMmaMaxTokens;
-  if (s <= 1 || M <= 0) return 0;
+  if (M <= 0) return 0;
   const int tokens = M < max_tokens ? M : max_tokens;
   const size_t nt = (N + 127) / 128;
+  // v4's SK lanes (unsplit weights at 33-128 tokens) park the accumulators of the chains they cut.
+  if (s <= 1)
+    return kernel == 4 && nb_sk_lanes((int)nt, tokens, sms, kSkAll) ? (size_t)nb_sk_park_bytes(sms, tokens) : 0;
   return nt * s * 2 * nchunks_for(tokens) * 128 * sizeof(float4);  // same for 4 or 8 warps
 }
 

@@ -61,14 +61,23 @@ constexpr int nb_smem_bytes(int nch) { return nb_stages(nch) * nb_stage_bytes(nc
 // producer must have given back, or their setmaxnreg.inc waits forever. (Triples: 512 threads
 // start with 128 registers each, more than the consumers need, so they move none.)
 constexpr int kNbLaunchRegs = 65536 / nb_threads(4) / 8 * 8;
-constexpr int kNbConsumerRegs = 112, kNbProducerRegs = 24;
-static_assert(nb_consumers(4) * kNbConsumerRegs + kThreads * kNbProducerRegs <= nb_threads(4) * kNbLaunchRegs,
+// SK's consumers also hold their segment's bounds and the parked accumulators' addresses: 120.
+constexpr int kNbConsumerRegs = 112, kNbSkConsumerRegs = 112, kNbProducerRegs = 24;
+static_assert(nb_consumers(4) * kNbSkConsumerRegs + kThreads * kNbProducerRegs <= nb_threads(4) * kNbLaunchRegs,
               "the CTA's registers");
 static_assert(nb_stage_bytes(8) % 1024 == 0 && nb_stage_bytes(16) % 1024 == 0, "128-byte swizzle atoms");
 static_assert(epilogue_smem_bytes(8, 2) <= nb_smem_bytes(8) && epilogue_smem_bytes(16, 2) <= nb_smem_bytes(16),
               "the epilogue reuses the ring");
 
 #if W12_WGMMA
+// x..w = *src where p (an L1-bypassing load), else unchanged.
+__device__ __forceinline__ void ld_cg_if(bool p, const float4* src, float& x, float& y, float& z, float& w) {
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %4, 0;\n @q ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%5];\n}"
+      : "+f"(x), "+f"(y), "+f"(z), "+f"(w)
+      : "r"((int)p), "l"(src)
+      : "memory");
+}
 // 2-D tensor copy of the box at (c0, c1) (column, token) into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
@@ -103,10 +112,11 @@ __device__ __forceinline__ NbUnit nb_unit(int u, int parts, int nt) {
   return NbUnit{ft, WGC == 4 ? 0 : g & 1, u % parts, ft + 1 < nt ? 2 : 1};
 }
 
-template <int NCH, int WGC>
+template <int NCH, int WGC, bool SK>
 __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(const WParams p, const __grid_constant__ CUtensorMap tmx) {
 #if W12_WGMMA
   static_assert(WGC == 4 || WGC == 3, "pairs or triples");
+  static_assert(!SK || WGC == 4, "SK: row-tile pairs of unsplit weights");
   constexpr int T = 8 * NCH, kNbX = nb_x_bytes(NCH), kNbStage = nb_stage_bytes(NCH), kNbStages = nb_stages(NCH);
   constexpr int kCons = nb_consumers(WGC);
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -127,8 +137,16 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
   // from zero, then p_2j + p_2j+1, add_slice's first add), so that the reduce kernel reads half the
   // partials; their records are consecutive, one stream for the producer.
   constexpr int kSl = WGC == 3 ? 2 : 1;
-  __shared__ __align__(8) uint64_t bars[2 * kNbStages];
-  const uint32_t full = smem_u32(&bars[0]), empty = full + 8 * kNbStages;
+  __shared__ __align__(8) uint64_t bars[2 * kNbStages + 1];
+  const uint32_t full = smem_u32(&bars[0]), empty = full + 8 * kNbStages, epid = empty + 8 * kNbStages;
+  // SK (p.sk lanes, unsplit pairs only; its own instance, so that the others keep their registers):
+  // this lane's segments (sk_segment), else the CTA's units bid, bid + G, ...; an item is {unit,
+  // first record, end record (-1: the slice's), kind} (kind as SkSeg's).
+  constexpr bool sk = SK;
+  const int items = sk ? sk_segments(bid, p.sk, units, p.KT) : 0;
+  // (Without SK the loops below keep their unit-stride form: the same code as before SK.)
+  auto item = [&](int i, int u) { return sk ? sk_segment(bid, p.sk, units, p.KT, i) : SkSeg{u, 0, -1, 0}; };
+  auto more = [&](int i, int u) { return sk ? i < items : u < units; };
   const uint32_t sbase = smem_u32(smem);
   // With PDL nothing the previous kernel may write is read before the wait.
   if (p.pdl) pdl_wait();
@@ -139,6 +157,7 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       mbar_init(full + 8 * s, 1);
       mbar_init(empty + 8 * s, WGC);
     }
+    mbar_init(epid, 1);
     mbar_fence_init();
   }
   __syncthreads();  // the barriers' initialisation before any thread waits on them (the last CTA-wide barrier)
@@ -147,11 +166,15 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
     if constexpr (WGC == 4) regs_dec<kNbProducerRegs>();
     if (tid != kCons) return;
     // c: steps issued over the CTA's units; stage s = c % kNbStages.
-    for (int u = bid, c = 0, s = 0; u < units; u += G) {
-      const NbUnit un = nb_unit<WGC>(u, parts, nt);
-      const int kt0 = kSl * un.part * p.kper, nrec = min(p.KT - kt0, kSl * p.kper);
+    for (int it = 0, u = bid, c = 0, s = 0, epi = 0; more(it, u); ++it, u += G) {
+      const SkSeg sg = item(it, u);
+      const NbUnit un = nb_unit<WGC>(sg.u, parts, nt);
+      const int kt0 = kSl * un.part * p.kper, nrec = sg.r1 < 0 ? min(p.KT - kt0, kSl * p.kper) : sg.r1;
       const uint8_t* recb = p.records + ((size_t)un.ft * p.KT + kt0) * kRec;
-      for (int i = 0; i < nrec; ++i, ++c) {
+      // SK: an epilogue (after a whole chain or a tail) takes the ring over; nothing is copied into
+      // it until the consumers are past it.
+      if (sk && it > 0 && item(it - 1, u).kind != 1) mbar_wait(epid, epi++ & 1);
+      for (int i = sg.r0; i < nrec; ++i, ++c) {
         // Stage s last held step c - kNbStages; its release completed phase (c / kNbStages - 1) & 1.
         if (c >= kNbStages) {
           mbar_wait(empty + 8 * s, ((c / kNbStages) - 1) & 1);
@@ -166,7 +189,7 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
     }
     return;
   }
-  if constexpr (WGC == 4) regs_inc<kNbConsumerRegs>();
+  if constexpr (WGC == 4) regs_inc<SK ? kNbSkConsumerRegs : kNbConsumerRegs>();
   const int lane = tid & 31, quarter = (tid >> 5) & 3, w = tid >> 7;
   const bool signals = (tid & (kThreads - 1)) == 0;  // the warpgroup's releasing thread
 
@@ -177,8 +200,9 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
   int rd = 0, prev = 0;
   uint32_t ph = 0;
   uint32_t buf[16];
-  for (int u = bid; u < units; u += G) {
-    const NbUnit un = nb_unit<WGC>(u, parts, nt);
+  for (int it = 0, u = bid; more(it, u); ++it, u += G) {
+    const SkSeg sg = item(it, u);
+    const NbUnit un = nb_unit<WGC>(sg.u, parts, nt);
     const int mt0 = (w + un.odd) & 1, rtl = (w + un.odd) >> 1;  // this warpgroup's m-tile and record slot
     const uint32_t hi_off = quarter * 2048 + lane * 16 + mt0 * 1024, lo_off = 8192 + quarter * 1024 + lane * 8 + mt0 * 512;
     // Where the unit parks (v1's order: [row tile][part][fragment][thread]); a record slot past the
@@ -187,9 +211,29 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
     float4* mine = p.S == 1 ? nullptr : p.ws + ((size_t)rowtile * parts + un.part) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
     const int s0 = kSl * un.part, nsl = min(kSl, p.S - s0);
     for (int h = 0; h < nsl; ++h) {
-      const int nrec = min(p.KT - (s0 + h) * p.kper, p.kper);
+      // Steps of this slice (or segment), counted from 0 so that its first record is not live in the loop.
+      const int nrec = (sg.r1 < 0 ? min(p.KT - (s0 + h) * p.kper, p.kper) : sg.r1) - sg.r0;
+      // SK's tail: the chain goes on from the accumulators the previous lane parked after its head
+      // (each warpgroup its own, under its own flag, which the reader resets for the next launch);
+      // the producer already streams the tail's records meanwhile. Else from zero.
+      const bool cont = sk && sg.kind == 2;
+      const float4* from = p.park + ((size_t)((bid - 1) * 4 + w) * NCH) * kThreads + (tid & (kThreads - 1));
+      if (cont) {
+        if (signals && !(p.diag & (kSkDiagNoWait | kSkDiagNoHandoff))) {
+          int* f = p.skf + (bid - 1) * 4 + w;
+          while (ld_acquire_gpu(f) == 0) __nanosleep(64);
+          *f = 0;
+        }
+        named_bar_sync(2 + w, kThreads);  // the flag's acquire before the warpgroup's loads
+      }
 #pragma unroll
       for (int k = 0; k < ND; ++k) acc[0][k] = 0.f;
+      // A predicated load, not a branch: accumulator writes under control flow make ptxas
+      // serialise every wgmma of the kernel (C7515).
+      if constexpr (SK)
+#pragma unroll
+        for (int j = 0; j < NCH; ++j)
+          ld_cg_if(cont && !(p.diag & kSkDiagNoHandoff), from + j * kThreads, acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]);
       // Half a record at a time, one A buffer (the deep loop's two need 127 registers; the pairs'
       // consumers have 112): each half's two wgmma are a group of their own, so the wait before decoding a half
       // into its part of the buffer retires only the same half of the previous record, and that
@@ -225,9 +269,35 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       if (nrec > 0 && signals) mbar_arrive(empty + 8 * prev);
       // Every copy issued was waited for by every consumer, so none is in flight over the ring
       // that the epilogue (after its own barrier among the consumers) takes over: unsplit grids
-      // run one unit a CTA and the producer has issued nothing more.
+      // run one unit a CTA and the producer has issued nothing more, or (SK) it waits for epid.
       if (p.S == 1) {
-        if constexpr (WGC == 4) store_rows_smem<NCH, 1, 4, kCons>(acc, smem, un.ft * 128, p);
+        if constexpr (WGC == 4) {
+          // The segment's kind, recomputed from an index ptxas cannot see through, so that it is not
+          // held in a register across the loop (SK's 16-chunk loop is at the consumers' 112).
+          int itr = it;
+          asm volatile("" : "+r"(itr));
+          if (sk && item(itr, u).kind == 1) {
+            // SK's head: parked for the next lane's tail (kept in L2 like the split partials), then
+            // flagged: the warpgroup's barrier orders its stores before the one releasing store,
+            // which makes them visible GPU-wide first (release is cumulative; no fence per thread).
+            if (!(p.diag & kSkDiagNoHandoff)) {
+              float4* to = p.park + ((size_t)(bid * 4 + w) * NCH) * kThreads + (tid & (kThreads - 1));
+              const uint64_t keep = l2_policy_evict_last();
+#pragma unroll
+              for (int j = 0; j < NCH; ++j)
+                st_global_policy(to + j * kThreads,
+                                 make_float4(acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]), keep);
+              named_bar_sync(2 + w, kThreads);
+              if (signals) st_release_gpu(p.skf + bid * 4 + w, 1);
+            }
+            continue;
+          }
+          store_rows_smem<NCH, 1, 4, kCons>(acc, smem, un.ft * 128, p);
+          if (!sk) return;
+          named_bar_sync(1, kCons);  // every consumer is past the epilogue's reads of the ring
+          if (tid == 0) mbar_arrive(epid);
+          continue;
+        }
         return;
       }
       if (rowtile >= nt) continue;
@@ -267,9 +337,9 @@ static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-template <int NCH, int WGC>
+template <int NCH, int WGC, bool SK = false>
 cudaError_t nb_launch(int dev, int grid, int smem, cudaStream_t stream, bool pdl, const WParams& p, const CUtensorMap& map) {
-  constexpr auto kern = gemm_w12_nobar_kernel<NCH, WGC>;
+  constexpr auto kern = gemm_w12_nobar_kernel<NCH, WGC, SK>;
   if (cudaError_t e = set_smem_limit_once<kern>(dev, smem); e != cudaSuccess) return e;
   return launch_ex(kern, dim3(grid), dim3(nb_threads(WGC)), smem, stream, 1, pdl, p, map);
 }
@@ -277,16 +347,18 @@ cudaError_t nb_launch(int dev, int grid, int smem, cudaStream_t stream, bool pdl
 }  // namespace
 
 cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int kper, void* ws, int xth, bool pdl,
-                              int wgc, int sms, int smem_min, cudaStream_t stream) {
+                              int wgc, int sms, int smem_min, int sk, cudaStream_t stream) {
   // 33-64 tokens in 64-token tiles, 65-128 in 128-token tiles.
   const int nch = tokens > 64 ? 16 : 8;
   if (tokens <= 32 || tokens > kWgmmaMaxTokens || S < 1 || (S > 1 && xth != 0) || (wgc != 4 && wgc != 3) ||
-      (wgc == 3 && S == 1) || sms < 1)
+      (wgc == 3 && S == 1) || sms < 1 || (sk && (S != 1 || wgc != 4)))
     return cudaErrorInvalidValue;
   // One unit a CTA on unsplit weights (their epilogue takes the ring over); on split ones at most one
   // CTA an SM, each running units bid, bid + grid, ... (nb_unit).
   const int nt = (a.N + 127) / 128, units = nb_units(wgc, nt, S);
-  const int grid = (S > 1 ? min(units, sms) : units) + xth;
+  // SK: `sk` persistent lanes (nb_sk_lanes; fewer than the units, so a range holds >= KT records).
+  const int grid = (S > 1 ? min(units, sms) : sk ? sk : units) + xth;
+  if (sk && (sk >= units || a.workspace == nullptr || a.counters == nullptr)) return cudaErrorInvalidValue;
   WParams p{};
   static_cast<GemmOperands&>(p) = a;
   const int kt = (a.K + 63) / 64;
@@ -302,6 +374,13 @@ cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int 
   p.ldy = a.ldy;
   p.ws = static_cast<float4*>(ws);  // S > 1: the partials; S = 1: the XT scratch (or none)
   p.xth = xth;
+  if (sk) {
+    p.sk = sk;
+    p.park = static_cast<float4*>(a.workspace);
+    p.skf = a.counters + kSkFlags0;  // in the XT scratch's header
+    p.epis = units;  // one epilogue a chain, wherever it is cut
+    p.diag = a.flags & (kSkDiagNoWait | kSkDiagNoHandoff);
+  }
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   // x as [tokens, KT * 64] BF16 rows ldx apart (gemm_check_args: 16-byte aligned, ldx % 8 == 0,
@@ -318,6 +397,7 @@ cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int 
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
+  if (sk) return nch == 8 ? nb_launch<8, 4, true>(dev, grid, smem, stream, pdl, p, map) : nb_launch<16, 4, true>(dev, grid, smem, stream, pdl, p, map);
   if (nch == 8)
     return wgc == 4 ? nb_launch<8, 4>(dev, grid, smem, stream, pdl, p, map) : nb_launch<8, 3>(dev, grid, smem, stream, pdl, p, map);
   return wgc == 4 ? nb_launch<16, 4>(dev, grid, smem, stream, pdl, p, map) : nb_launch<16, 3>(dev, grid, smem, stream, pdl, p, map);

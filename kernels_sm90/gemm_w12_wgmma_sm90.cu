@@ -684,6 +684,11 @@ int wgmma_nobar(int N, int K, int tokens, int target_ctas, int sms, int flags) {
   return nobar_consumers(nch, nt, S, wg, split_ring(nch, wg, ov, flags), sms, flags);
 }
 
+int wgmma_sk_lanes(int N, int K, int tokens, int target_ctas, int sms, int flags) {
+  if (gemm_splits(N, K, target_ctas, sms, 4) != 1 || wgmma_nobar(N, K, tokens, target_ctas, sms, flags) != 4) return 0;
+  return nb_sk_lanes((N + 127) / 128, tokens, sms, flags);
+}
+
 bool wgmma_pair_grid(int N, int K, int tokens, int target_ctas, int sms, int flags) {
   if ((flags & kOneWarpgroup) && tokens <= 64) return false;  // WG = 1: the pair grid needs two
   if ((flags & kRowPairs) && tokens > 16) return false;       // WG = 4 from 17 tokens up
@@ -838,7 +843,12 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
     const int nbc = nobar_consumers(nch, nt, p.S, wg, sr, di.sms, a.flags);
     bool red_pairs = pair || kw;  // the reduce kernel's partials: one per slice pair
     if (nbc) {
-      e = gemm_nobar_launch(a, m0, tokens, p.S, p.kper, p.ws, p.xth, p.pdl != 0, nbc, di.sms, smem_min, stream);
+      // SK (gemm_w12_nobar_sm90.cu, session 44): multi-wave unsplit pair grids as stream-K lanes,
+      // where the caller gave the parked accumulators' workspace and the flags' counters.
+      const int sk = p.S == 1 && nbc == 4 && a.workspace != nullptr && a.counters != nullptr
+                         ? nb_sk_lanes(nt, tokens, di.sms, a.flags)
+                         : 0;
+      e = gemm_nobar_launch(a, m0, tokens, p.S, p.kper, p.ws, p.xth, p.pdl != 0, nbc, di.sms, smem_min, sk, stream);
       if (p.S > 1) grid = di.sms;  // at most one CTA an SM (the reduce kernel's slot rule below)
       parts = nb_parts(nbc, p.S);  // triples park one partial per slice pair
       red_pairs = red_pairs || parts != p.S;

@@ -31,6 +31,13 @@ struct WParams : GemmOperands {
   float4* ws;  // S > 1: partial sums in v1's order, summed by v1's reduce kernel (gemm_reduce_launch)
   int bal;     // the balanced unsplit grid (gemm_w12_wgmma_sm90.cu: BAL): 0, or 1 + its first CTA
   int xth;     // XT helper CTAs at the start of the grid (gemm_w12_wgmma_sm90.cu: XT); 0 elsewhere
+  // NB's stream-K lanes on multi-wave unsplit weights (gemm_w12_nobar_sm90.cu: SK): the lane count
+  // (0: one unit a CTA), the parked accumulators of the chains cut between two lanes and their
+  // flags (zero between launches, each reset by its reader).
+  int sk;
+  float4* park;
+  int* skf;
+  int epis;  // epilogues per launch that count XT's ticket (0: one a row-tile CTA)
 };
 
 #if W12_WGMMA

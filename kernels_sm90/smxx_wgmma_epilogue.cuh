@@ -334,7 +334,7 @@ __device__ __forceinline__ void store_rows_smem(const float (&a)[MTW][4 * NCH], 
             make_float2(a[mt][4 * j + 2 * h] * sc[mt][h], a[mt][4 * j + 2 * h + 1] * sc[mt][h]);
       }
   rows_epilogue<NCH, WG, BAR>(smem, row0, p.M, p.N, p.x, p.ldx, p.esc_col, p.esc_val, p.bias, p.y, p.ldy,
-                              p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT, (int)gridDim.x - p.xth, e0, e1,
+                              p.S == 1 ? static_cast<void*>(p.ws) : nullptr, p.KT, p.epis ? p.epis : (int)gridDim.x - p.xth, e0, e1,
                               cta_e0, rsc, b);
 }
 

@@ -59,7 +59,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 14
+_GEMM_ABI = 15
 
 
 def library_path() -> Path:
@@ -187,6 +187,8 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm_pair_grid.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_nobar.restype = _INT
     so.w12_gemm_nobar.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
+    so.w12_gemm_sk_lanes.restype = _INT
+    so.w12_gemm_sk_lanes.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_check_device.restype = _INT
     so.w12_gemm_counters_buffer.restype = _VP
     so.w12_gemm_counters_buffer.argtypes = [_INT, _VP, _INT, ctypes.POINTER(_INT)]
@@ -339,7 +341,7 @@ def _pdl(kver: int, n: int, k: int, m: int, device) -> bool:
 
 def _diag_env() -> int:
     """``W12_GEMM_DIAG`` (checked), 0 where unset."""
-    return _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 22)) if "W12_GEMM_DIAG" in os.environ else 0
+    return _env_int("W12_GEMM_DIAG", 0, allowed=range(1 << 24)) if "W12_GEMM_DIAG" in os.environ else 0
 
 
 def pair_grid(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> bool:
@@ -366,6 +368,17 @@ def nobar(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> int
         diag = _diag_env()
     dev = torch.device(device)
     return int(_gemm_lib().w12_gemm_nobar(n, k, m, target_ctas(dev), _check_device(dev), diag))
+
+
+def sk_lanes(n: int, k: int, m: int, device="cuda", diag: int | None = None) -> int:
+    """The persistent stream-K lanes v4 runs (SK, session 44: a multi-wave unsplit grid of row-tile
+    pairs at 33-128 tokens, its K chains cut between lanes and continued from parked accumulators)
+    for an (N, K) weight at ``m`` token rows (one pass) on ``device``; 0 where it runs one unit a
+    CTA or another form; ``diag`` as in :func:`pair_grid`. Timing only: the bits are the same."""
+    if diag is None:
+        diag = _diag_env()
+    dev = torch.device(device)
+    return int(_gemm_lib().w12_gemm_sk_lanes(n, k, m, target_ctas(dev), _check_device(dev), diag))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,0 +1,121 @@
+"""GPU tests of v4's stream-K lanes (SK, session 44; sm_90 only, each skips elsewhere): NB's row-tile
+pairs of a multi-wave unsplit weight run as one persistent CTA an SM, each chain of K records cut
+at most once between two lanes and continued from the parked accumulators. The bits must equal one
+unit a CTA (diagnostic 8192) and the rows at fewer tokens. Run with ``pytest -m gpu``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _gpu_gemm_helpers import (
+    DEV,
+    KERNELS,
+    _assert_close,
+    _escape_weight,
+    _kernels_present,  # noqa: F401 (this module's autouse fixture)
+    _poison_next_alloc,
+    _ref,
+)
+
+import w12
+from w12 import cuda_ops
+
+pytestmark = pytest.mark.gpu
+
+NO_SK = "8192"  # at 33-128 tokens: one unit a CTA (BAL's bit, which acts at <= 32 tokens only)
+SK_ALL = 2097152  # SK at 65-128 tokens too (by default at 33-64 only)
+SK_FLAGS0 = 64  # SK's flags: ints 64.. of the stream's XT scratch (kSkFlags0)
+
+
+class _Ints:
+    """n int32 at a raw device pointer, for torch.as_tensor (__cuda_array_interface__)."""
+
+    def __init__(self, ptr: int, n: int):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, False), "version": 3}
+
+
+def _flags_left(sms: int) -> list[int]:
+    torch.cuda.synchronize()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    ptr = cuda_ops._counters(dev, torch.cuda.current_stream(), SK_FLAGS0 + 4 * sms, xt=True)
+    return torch.as_tensor(_Ints(ptr, SK_FLAGS0 + 4 * sms), device=DEV).tolist()
+
+
+# (N, K, token counts): pair units just over the SMs (133 on 132: ranges of KT records and a
+# fraction, so nearly every tail waits for its head), N off the tile edge with an odd tile count
+# (the last pair's second row tile empty; K = 640: NB only at 33-64 tokens), and 32B [51200, 5120]'s
+# row count (200 units: 1.5 per SM) with a short K; 200 tokens run as passes of 128 and 72.
+_CASES = [
+    (128 * 266, 1024, (33, 64, 65, 100, 128, 200)),
+    (40040, 640, (33, 48, 64)),
+    (51200, 1280, (40, 64, 128)),
+]
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+@pytest.mark.parametrize("n,k,m", [(n, k, m) for n, k, ms in _CASES for m in ms])
+def test_v4_sk_lanes_change_no_bit(n, k, m, monkeypatch):
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.setenv("W12_GEMM_FALLBACK_M", "1000")
+    monkeypatch.delenv("W12_GEMM_DIAG", raising=False)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    units = (n + 255) // 256
+    assert cuda_ops.splits(n, k, DEV, 4) == 1, f"[{n}, {k}] must be unsplit"
+    if units <= sms:
+        pytest.skip(f"{units} pair units fit {sms} SMs in one wave")
+    sk = 0 if m <= 64 else SK_ALL
+    assert cuda_ops.sk_lanes(n, k, min(m, 128), DEV, diag=sk) == sms, f"[{n}, {k}] at M={m} must take SK"
+    assert cuda_ops.sk_lanes(n, k, min(m, 128), DEV, diag=sk | int(NO_SK)) == 0, f"{NO_SK} must turn SK off"
+    if sk:
+        assert cuda_ops.sk_lanes(n, k, min(m, 128), DEV, diag=0) == 0, "SK at 65-128 tokens on request only"
+        monkeypatch.setenv("W12_GEMM_DIAG", str(sk))
+    gen = torch.Generator().manual_seed(440 + m)
+    wt = _escape_weight(n, k, 1.0, gen).to(DEV)
+    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV)
+    b = torch.randn(n, generator=gen).to(DEV) if m % 2 else None
+    _poison_next_alloc(m * n)
+    y = w12.linear(x, w, b)
+    _assert_close(y, _ref(x, wt, b), x, wt)
+    bits = y.view(torch.int16).clone()
+    # Back to back (each launch's flags reset by their readers, or the next would not wait).
+    for rep in range(2):
+        assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), f"repeat {rep}"
+    monkeypatch.setenv("W12_GEMM_DIAG", NO_SK)
+    assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), "one unit a CTA"
+    monkeypatch.delenv("W12_GEMM_DIAG")
+    assert torch.equal(w12.linear(x[-33:].clone(), w, b).view(torch.int16), bits[-33:]), "rows at 33 tokens"
+    if m > 64:  # and the default (one unit a CTA at 65-128 tokens)
+        assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), "the default"
+    assert _flags_left(sms)[SK_FLAGS0:] == [0] * (4 * sms), "SK's flags left set"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+def test_v4_sk_lanes_in_a_graph(monkeypatch):
+    # Captured once, replayed on new inputs: the parked accumulators' workspace comes from the graph's
+    # pool and the flags from the stream's XT scratch, both reused by every replay.
+    monkeypatch.setenv("W12_GEMM_KERNEL", "v4")
+    monkeypatch.delenv("W12_GEMM_DIAG", raising=False)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k, m = 51200, 1280, 64
+    if (n + 255) // 256 <= sms:
+        pytest.skip("one wave on this GPU")
+    assert cuda_ops.sk_lanes(n, k, m, DEV, diag=0) == sms
+    gen = torch.Generator().manual_seed(450)
+    wt = _escape_weight(n, k, 0.5, gen).to(DEV)
+    w = w12.pack(wt).with_layout(cuda_ops.preferred_layout(DEV))
+    xs = [torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEV) for _ in range(3)]
+    monkeypatch.setenv("W12_GEMM_DIAG", NO_SK)
+    want = [w12.linear(x, w).view(torch.int16).clone() for x in xs]
+    monkeypatch.delenv("W12_GEMM_DIAG")
+    xin = xs[0].clone()
+    w12.linear(xin, w)  # warm-up before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = w12.linear(xin, w)
+    for rnd in range(2):
+        for x, ref in zip(xs, want):
+            xin.copy_(x)
+            graph.replay()
+            assert torch.equal(yg.view(torch.int16), ref), f"replay round {rnd}"
+    assert _flags_left(sms)[SK_FLAGS0:] == [0] * (4 * sms), "SK's flags left set"
