@@ -29,6 +29,13 @@
 //   operand, every value the warpgroup's four warps loaded from the records, so no warp needs to
 //   say more (four arrivals a stage, none awaited).
 // - Half a record's wgmma stay in flight while the next half is decoded (the loop, below).
+//
+// SK (session 44, template flag SK, by default at 33-64 tokens): an unsplit weight with more
+// row-tile pairs than SMs runs as one persistent lane an SM (sk_segment in gemm_w12_mma.cuh: the
+// head of a cut chain first, parked with a flag per warpgroup, the tail last, continued from the
+// parked accumulators). Each epilogue still takes the ring over: the producer waits on `epid`,
+// which the consumers arrive on past it, before it copies the next segment's records. lm_head and
+// 32B [51200, 5120] -0.7..3.1 % at 33-64 tokens; 4-9 % slower at 65-128 (docs/perf-notes.md).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -61,9 +68,10 @@ constexpr int nb_smem_bytes(int nch) { return nb_stages(nch) * nb_stage_bytes(nc
 // producer must have given back, or their setmaxnreg.inc waits forever. (Triples: 512 threads
 // start with 128 registers each, more than the consumers need, so they move none.)
 constexpr int kNbLaunchRegs = 65536 / nb_threads(4) / 8 * 8;
-// SK's consumers also hold their segment's bounds and the parked accumulators' addresses: 120.
-constexpr int kNbConsumerRegs = 112, kNbSkConsumerRegs = 112, kNbProducerRegs = 24;
-static_assert(nb_consumers(4) * kNbSkConsumerRegs + kThreads * kNbProducerRegs <= nb_threads(4) * kNbLaunchRegs,
+// (SK's consumers, which hold their lane's state too, get the same 112: 120 would not fit beside the
+// producer's 24 in the 640 threads' 96 each.)
+constexpr int kNbConsumerRegs = 112, kNbProducerRegs = 24;
+static_assert(nb_consumers(4) * kNbConsumerRegs + kThreads * kNbProducerRegs <= nb_threads(4) * kNbLaunchRegs,
               "the CTA's registers");
 static_assert(nb_stage_bytes(8) % 1024 == 0 && nb_stage_bytes(16) % 1024 == 0, "128-byte swizzle atoms");
 static_assert(epilogue_smem_bytes(8, 2) <= nb_smem_bytes(8) && epilogue_smem_bytes(16, 2) <= nb_smem_bytes(16),
@@ -144,7 +152,7 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
   // first record, end record (-1: the slice's), kind} (kind as SkSeg's).
   constexpr bool sk = SK;
   const int items = sk ? sk_segments(bid, p.sk, units, p.KT) : 0;
-  // (Without SK the loops below keep their unit-stride form: the same code as before SK.)
+  // (Without SK the loops below keep their unit-stride form, and their loops' code.)
   auto item = [&](int i, int u) { return sk ? sk_segment(bid, p.sk, units, p.KT, i) : SkSeg{u, 0, -1, 0}; };
   auto more = [&](int i, int u) { return sk ? i < items : u < units; };
   const uint32_t sbase = smem_u32(smem);
@@ -189,7 +197,7 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
     }
     return;
   }
-  if constexpr (WGC == 4) regs_inc<SK ? kNbSkConsumerRegs : kNbConsumerRegs>();
+  if constexpr (WGC == 4) regs_inc<kNbConsumerRegs>();
   const int lane = tid & 31, quarter = (tid >> 5) & 3, w = tid >> 7;
   const bool signals = (tid & (kThreads - 1)) == 0;  // the warpgroup's releasing thread
 
