@@ -103,3 +103,15 @@ def _escape_weight(n, k, per_row, gen):
         w[r, c] = 0.0
     w[5, :40:3] = 0.0
     return w
+
+
+class _Ints:
+    """n int32 at a raw device pointer, for torch.as_tensor (__cuda_array_interface__)."""
+
+    def __init__(self, ptr: int, n: int):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, False), "version": 3}
+
+
+def _device_ints(ptr: int, n: int) -> list[int]:
+    """The n int32 at a raw device pointer (the library's own buffers: counters, XT scratch)."""
+    return torch.as_tensor(_Ints(ptr, n), device=DEV).tolist()

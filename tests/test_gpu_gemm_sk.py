@@ -11,6 +11,7 @@ from _gpu_gemm_helpers import (
     DEV,
     KERNELS,
     _assert_close,
+    _device_ints,
     _escape_weight,
     _kernels_present,  # noqa: F401 (this module's autouse fixture)
     _poison_next_alloc,
@@ -27,18 +28,11 @@ SK_ALL = 2097152  # SK at 65-128 tokens too (by default at 33-64 only)
 SK_FLAGS0 = 64  # SK's flags: ints 64.. of the stream's XT scratch (kSkFlags0)
 
 
-class _Ints:
-    """n int32 at a raw device pointer, for torch.as_tensor (__cuda_array_interface__)."""
-
-    def __init__(self, ptr: int, n: int):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, False), "version": 3}
-
-
 def _flags_left(sms: int) -> list[int]:
     torch.cuda.synchronize()
     dev = torch.device("cuda", torch.cuda.current_device())
     ptr = cuda_ops._counters(dev, torch.cuda.current_stream(), SK_FLAGS0 + 4 * sms, xt=True)
-    return torch.as_tensor(_Ints(ptr, SK_FLAGS0 + 4 * sms), device=DEV).tolist()
+    return _device_ints(ptr, SK_FLAGS0 + 4 * sms)
 
 
 # (N, K, token counts): pair units just over the SMs (133 on 132: ranges of KT records and a

@@ -9,6 +9,7 @@ from _gpu_gemm_helpers import (
     DEV,
     KERNELS,
     _assert_close,
+    _device_ints,
     _escape_weight,
     _kernels_present,  # noqa: F401 (this module's autouse fixture)
     _outputs_per_diag,
@@ -607,13 +608,6 @@ def test_v4_unsplit_epilogue_leading_dimension(m, pad, tail, monkeypatch):
     assert bool((y[:, n:] == -7.0).all()), "columns past N written"
 
 
-class _Ints:
-    """n int32 at a raw device pointer, for torch.as_tensor (__cuda_array_interface__)."""
-
-    def __init__(self, ptr: int, n: int):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<i4", "data": (ptr, False), "version": 3}
-
-
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
 def test_v4_xt_scratch_between_launches(monkeypatch):
     # XT: helper CTAs at the start of an unsplit grid at 33-128 tokens transpose x into the stream's XT
@@ -656,7 +650,7 @@ def test_v4_xt_scratch_between_launches(monkeypatch):
         assert torch.equal(yg[: x.shape[0]].view(torch.int16), ref), "graph replay"
     torch.cuda.synchronize()
     ptr = cuda_ops._counters(ws[0].records.device, torch.cuda.current_stream(), 2, xt=True)
-    assert torch.as_tensor(_Ints(ptr, 2), device=DEV).tolist() == [0, 0], "XT counts left set"
+    assert _device_ints(ptr, 2) == [0, 0], "XT counts left set"
 
 
 @pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
