@@ -172,6 +172,12 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
 
   if (tid >= kCons) {
     if constexpr (WGC == 4) regs_dec<kNbProducerRegs>();
+    // SK's XT: the producer warpgroup's warps 1-3 transpose x's blocks bid, bid + lanes, ... (no
+    // helper CTAs: xt_blocks_spare), long before any lane's first epilogue reads x^T.
+    if (sk && p.ws != nullptr && tid >= kCons + 32) {
+      xt_blocks_spare(p.x, p.ldx, p.M, p.KT, p.ws, bid, p.sk, tid - kCons - 32, kThreads - 32, 6);
+      return;
+    }
     if (tid != kCons) return;
     // c: steps issued over the CTA's units; stage s = c % kNbStages.
     for (int it = 0, u = bid, c = 0, s = 0, epi = 0; more(it, u); ++it, u += G) {
@@ -364,7 +370,9 @@ cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int 
   // One unit a CTA on unsplit weights (their epilogue takes the ring over); on split ones at most one
   // CTA an SM, each running units bid, bid + grid, ... (nb_unit).
   const int nt = (a.N + 127) / 128, units = nb_units(wgc, nt, S);
-  // SK: `sk` persistent lanes (nb_sk_lanes; fewer than the units, so a range holds >= KT records).
+  // SK: `sk` persistent lanes (nb_sk_lanes; fewer than the units, so a range holds >= KT records),
+  // no XT helper CTAs (the lanes' producer warpgroups transpose x: xt_blocks_spare).
+  if (sk) xth = 0;
   const int grid = (S > 1 ? min(units, sms) : sk ? sk : units) + xth;
   if (sk && (sk >= units || a.workspace == nullptr || a.counters == nullptr)) return cudaErrorInvalidValue;
   WParams p{};

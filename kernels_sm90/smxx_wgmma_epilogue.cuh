@@ -217,6 +217,34 @@ __device__ __noinline__ void xt_blocks(const uint16_t* x, int64_t ldx, int M, in
   if (threadIdx.x == 0 && nblk > 0) atomicAdd(cnt, nblk);
 }
 
+// XT by a CTA's spare threads instead of helper CTAs (SK's persistent lanes, gemm_w12_nobar_sm90.cu:
+// helper CTAs would hold SMs that lanes need at the start, and those lanes would start 8-38 us
+// late): threads t of nthr (the producer warpgroup's idle warps, 24 registers each) transpose x's
+// 64-column blocks b0, b0 + step, ... one 8-column item at a time, then, after a barrier among
+// them (named barrier `bar`), the first one counts the blocks. Same x^T as xt_blocks.
+__device__ __noinline__ void xt_blocks_spare(const uint16_t* x, int64_t ldx, int M, int KT, void* scratch, int b0,
+                                             int step, int t, int nthr, int bar) {
+  constexpr int kPerBlock = 8 * kWgmmaMaxTokens;
+  uint16_t* xt = xt_of(scratch);
+  int nblk = 0;
+  for (int b = b0; b < KT; b += step, ++nblk)
+    for (int r = t; r < kPerBlock; r += nthr) {
+      const int m = r % kWgmmaMaxTokens, c = b * 64 + (r / kWgmmaMaxTokens) * 8;
+      if (m >= M) continue;
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)m * ldx + c));
+      uint16_t* d = xt + (size_t)c * kWgmmaMaxTokens + m;
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        d[(2 * i) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] & 0xffffu);
+        d[(2 * i + 1) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] >> 16);
+      }
+    }
+  __threadfence();  // this thread's stores visible GPU-wide before the blocks are counted
+  asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(nthr) : "memory");
+  if (t == 0 && nblk > 0) atomicAdd(static_cast<int*>(scratch), nblk);
+}
+
 constexpr int kEscListed = 512;  // escapes listed per CTA (the rest: each row's own threads)
 // store_rows_smem's shared memory: the CTA's rows x tokens FP32 sums (yidx's order), at
 // esc_rows_offset the listed rows (32 slots per warp of listing threads), then the listed escapes,
