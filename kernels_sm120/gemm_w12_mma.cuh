@@ -183,19 +183,28 @@ __host__ __device__ inline SkSeg sk_segment(int lane, int lanes, int units, int 
 // SK's lanes for nt 128-row tiles at `tokens` rows on `sms` SMs (0: one pair unit a CTA), and the
 // bytes of its parked accumulators (a workspace, w12_gemm_workspace_bytes, sized as if kSkAll were
 // set, since it does not see the flags); its flags, 4 a lane, sit in the XT scratch's header
-// (w12_gemm_counters). By default at 33-64 tokens only: at 65-128 SK ran lm_head and 32B [51200,
-// 5120] 4-8 % slower than one unit a CTA (session 44, docs/perf-notes.md). kNoSk: diagnostic 8192
-// at 33-128 tokens (BAL's bit, which acts at <= 32 only), never SK; kSkAll: 2097152 at 33-128
-// (whole-K's "every packing", which acts at <= 16 only), SK at 65-128 tokens too.
-constexpr int kNoSk = 8192, kSkAll = 1 << 21;
+// (w12_gemm_counters). At 33-64 tokens on every weight of more pair units than SMs; at 65-128 only
+// where one unit a CTA's rounds (ceil(units / SMs) x SMs CTA slots) exceed the units by at least
+// kSkMinIdle percent (sk_rounds_idle). Session 45's sweep of 12 such weights at 96-128 tokens
+// (docs/perf-notes.md): -10..22 % where that excess is >= 49 %, -3 % on average at 32 %, between
+// +2 and -3 % at 18-22 %, and +8-9 % at 5-10 % (lm_head: 501 units, 5 %), so SK's own costs there
+// outweigh a nearly full last round. kNoSk: diagnostic 8192 at 33-128 tokens (BAL's bit, which acts
+// at <= 32 only), never SK; kSkAll: 2097152 at 33-128 (whole-K's "every packing", which acts at
+// <= 16 only), SK at 65-128 tokens on every such weight.
+constexpr int kNoSk = 8192, kSkAll = 1 << 21, kSkMinIdle = 30;
 // Wrong output on purpose (timing probes): SK's tails go on without waiting for their heads' flags
 // (1 << 22), or no head parks and no tail loads (1 << 23).
 constexpr int kSkDiagNoWait = 1 << 22, kSkDiagNoHandoff = 1 << 23;
 // The lanes v4 runs for an (N, K) weight at `tokens` rows (one pass), where the caller gives the
 // workspace and counters (w12.linear does); 0 where it runs one unit a CTA or another form.
 int wgmma_sk_lanes(int N, int K, int tokens, int target_ctas, int sms, int flags);
+// Whether one unit a CTA's rounds hold >= kSkMinIdle % more CTA slots than units.
+__host__ __device__ constexpr bool sk_rounds_idle(int units, int sms) {
+  return 100LL * ((units + sms - 1) / sms) * sms >= (100LL + kSkMinIdle) * units;
+}
 __host__ __device__ constexpr int nb_sk_lanes(int nt, int tokens, int sms, int flags) {
-  return tokens > 32 && tokens <= ((flags & kSkAll) ? kWgmmaMaxTokens : 64) && (nt + 1) / 2 > sms &&
+  return tokens > 32 && tokens <= kWgmmaMaxTokens &&
+                 (tokens <= 64 || (flags & kSkAll) || sk_rounds_idle((nt + 1) / 2, sms)) && (nt + 1) / 2 > sms &&
                  4 * sms <= kXtHeader / 4 - kSkFlags0 && !(flags & kNoSk)
              ? sms
              : 0;

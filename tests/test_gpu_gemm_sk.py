@@ -24,8 +24,16 @@ from w12 import cuda_ops
 pytestmark = pytest.mark.gpu
 
 NO_SK = "8192"  # at 33-128 tokens: one unit a CTA (BAL's bit, which acts at <= 32 tokens only)
-SK_ALL = 2097152  # SK at 65-128 tokens too (by default at 33-64 only)
+SK_ALL = 2097152  # SK at 65-128 tokens on every such weight (by default where rounds idle: below)
+SK_MIN_IDLE = 30  # kSkMinIdle
 SK_FLAGS0 = 64  # SK's flags: ints 64.. of the stream's XT scratch (kSkFlags0)
+
+
+def _sk_by_default(units: int, sms: int, m: int) -> bool:
+    # nb_sk_lanes' rule, restated: at 33-64 tokens always; at 65-128 where one unit a CTA's rounds
+    # hold >= SK_MIN_IDLE % more CTA slots than units.
+    rounds = -(-units // sms)
+    return m <= 64 or 100 * rounds * sms >= (100 + SK_MIN_IDLE) * units
 
 
 def _flags_left(sms: int) -> list[int]:
@@ -38,11 +46,13 @@ def _flags_left(sms: int) -> list[int]:
 # (N, K, token counts): pair units just over the SMs (133 on 132: ranges of KT records and a
 # fraction, so nearly every tail waits for its head), N off the tile edge with an odd tile count
 # (the last pair's second row tile empty; K = 640: NB only at 33-64 tokens), and 32B [51200, 5120]'s
-# row count (200 units: 1.5 per SM) with a short K; 200 tokens run as passes of 128 and 72.
+# row count (200 units: 1.5 per SM) with a short K; 200 tokens run as passes of 128 and 72; lm_head's
+# row count (501 units: 3.8 per SM, so SK at 100 tokens on request only) with chains of 16 records.
 _CASES = [
     (128 * 266, 1024, (33, 64, 65, 100, 128, 200)),
     (40040, 640, (33, 48, 64)),
     (51200, 1280, (40, 64, 128)),
+    (128256, 1024, (100,)),
 ]
 
 
@@ -60,8 +70,9 @@ def test_v4_sk_lanes_change_no_bit(n, k, m, monkeypatch):
     sk = 0 if m <= 64 else SK_ALL
     assert cuda_ops.sk_lanes(n, k, min(m, 128), DEV, diag=sk) == sms, f"[{n}, {k}] at M={m} must take SK"
     assert cuda_ops.sk_lanes(n, k, min(m, 128), DEV, diag=sk | int(NO_SK)) == 0, f"{NO_SK} must turn SK off"
+    want = sms if _sk_by_default(units, sms, min(m, 128)) else 0
+    assert cuda_ops.sk_lanes(n, k, min(m, 128), DEV, diag=0) == want, f"[{n}, {k}] at M={m}: the default rule"
     if sk:
-        assert cuda_ops.sk_lanes(n, k, min(m, 128), DEV, diag=0) == 0, "SK at 65-128 tokens on request only"
         monkeypatch.setenv("W12_GEMM_DIAG", str(sk))
     gen = torch.Generator().manual_seed(440 + m)
     wt = _escape_weight(n, k, 1.0, gen).to(DEV)
@@ -79,7 +90,7 @@ def test_v4_sk_lanes_change_no_bit(n, k, m, monkeypatch):
     assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), "one unit a CTA"
     monkeypatch.delenv("W12_GEMM_DIAG")
     assert torch.equal(w12.linear(x[-33:].clone(), w, b).view(torch.int16), bits[-33:]), "rows at 33 tokens"
-    if m > 64:  # and the default (one unit a CTA at 65-128 tokens)
+    if m > 64:  # and the default (at 65-128 tokens SK or not by the rounds' idle slots)
         assert torch.equal(w12.linear(x, w, b).view(torch.int16), bits), "the default"
     assert _flags_left(sms)[SK_FLAGS0:] == [0] * (4 * sms), "SK's flags left set"
 
