@@ -30,12 +30,14 @@
 //   say more (four arrivals a stage, none awaited).
 // - Half a record's wgmma stay in flight while the next half is decoded (the loop, below).
 //
-// SK (session 44, template flag SK, by default at 33-64 tokens): an unsplit weight with more
-// row-tile pairs than SMs runs as one persistent lane an SM (sk_segment in gemm_w12_mma.cuh: the
-// head of a cut chain first, parked with a flag per warpgroup, the tail last, continued from the
-// parked accumulators). Each epilogue still takes the ring over: the producer waits on `epid`,
-// which the consumers arrive on past it, before it copies the next segment's records. lm_head and
-// 32B [51200, 5120] -0.7..3.1 % at 33-64 tokens; 4-9 % slower at 65-128 (docs/perf-notes.md).
+// SK (session 44, template flag SK; nb_sk_lanes: at 33-64 tokens, and at 65-128 where one unit a
+// CTA's last round would be mostly empty): an unsplit weight with more row-tile pairs than SMs
+// runs as one persistent lane an SM (sk_segment in gemm_w12_mma.cuh: the head of a cut chain
+// first, parked with a flag per warpgroup, the tail last, continued from the parked
+// accumulators). Each epilogue still takes the ring over: the producer waits on `epid`,
+// which the consumers arrive on past it, before it copies the next segment's records. No XT helper
+// CTAs (they held the last lanes' SMs): the producer warpgroup's idle warps transpose x. 32B [51200,
+// 5120] -7 % at 64 tokens and -3..5 % at 96-128, lm_head -1 % at 64 (docs/perf-notes.md, s45).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
