@@ -169,11 +169,13 @@ struct EscRow {
 // x's 64-column blocks (helper h: blocks h, h + xth, ...), count them (cnt[0]) and exit; an
 // epilogue reads x^T only if every block is counted and x otherwise (the same values), so no CTA
 // ever waits for another; the last row-tile CTA past its epilogue (cnt[1]) zeroes both counts for
-// the next launch. SK's persistent lanes run no helpers: their producer warpgroups' idle warps
-// transpose x instead (xt_blocks_spare). (A transpose kernel before the GEMM cost ~2 us: the GEMM
-// waited at its start for a copy it needs only at its end. Session 26: the first row-tile CTAs transposing a block
-// each before their main loop held ~4 % of gate_up's samples at 128 tokens and made it 1.8 us
-// slower at 48; helpers run on SMs the row tiles leave idle where the grid is one wave.)
+// the next launch (this relies on every block being counted before the last epilogue ends: the
+// transposes start first and take microseconds, the grid tens to hundreds). SK's persistent lanes
+// run no helpers: their producer warpgroups' idle warps transpose x instead (xt_blocks_spare),
+// from the lane's start. (A transpose kernel before the GEMM cost ~2 us: the GEMM waited at its
+// start for a copy it needs only at its end. Session 26: the first row-tile CTAs transposing a
+// block each before their main loop held ~4 % of gate_up's samples at 128 tokens and made it
+// 1.8 us slower at 48; helpers run on SMs the row tiles leave idle where the grid is one wave.)
 constexpr int kXtBlocksPerHelper = 4;
 constexpr int kXtBatch = 8;  // items per thread loaded before any of their stores
 __device__ __forceinline__ uint16_t* xt_of(void* scratch) {
