@@ -181,6 +181,17 @@ constexpr int kXtBatch = 8;  // items per thread loaded before any of their stor
 __device__ __forceinline__ uint16_t* xt_of(void* scratch) {
   return reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(scratch) + kXtHeader);
 }
+// One item of x^T: token m's columns c..c+7 (one 16-byte load of x, v) as eight two-byte stores, each
+// 64 contiguous bytes across a warp of consecutive tokens.
+__device__ __forceinline__ void xt_store8(uint16_t* xt, int c, int m, uint4 v) {
+  uint16_t* d = xt + (size_t)c * kWgmmaMaxTokens + m;
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    d[(2 * i) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] & 0xffffu);
+    d[(2 * i + 1) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] >> 16);
+  }
+}
 // Helper blockIdx.x of `helpers`: x's 64-column blocks blockIdx.x, + helpers, ... as items (block,
 // chunk of 8 columns, token m), consecutive lanes on consecutive tokens so that each of an item's
 // 8 two-byte stores is 64 contiguous bytes per warp; kXtBatch items' loads in flight per thread
@@ -204,15 +215,7 @@ __device__ __noinline__ void xt_blocks(const uint16_t* x, int64_t ldx, int M, in
     for (int j = 0; j < kXtBatch; ++j) {
       const int it = i0 + j * step, r = it % kPerBlock, m = r % kWgmmaMaxTokens;
       const int c = (blockIdx.x + (it / kPerBlock) * helpers) * 64 + (r / kWgmmaMaxTokens) * 8;
-      if (it < items && m < M) {
-        uint16_t* d = xt + (size_t)c * kWgmmaMaxTokens + m;
-        const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          d[(2 * i) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] & 0xffffu);
-          d[(2 * i + 1) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] >> 16);
-        }
-      }
+      if (it < items && m < M) xt_store8(xt, c, m, v[j]);
     }
   }
   __threadfence();  // this thread's stores visible GPU-wide before the blocks are counted
@@ -234,14 +237,7 @@ __device__ __noinline__ void xt_blocks_spare(const uint16_t* x, int64_t ldx, int
     for (int r = t; r < kPerBlock; r += nthr) {
       const int m = r % kWgmmaMaxTokens, c = b * 64 + (r / kWgmmaMaxTokens) * 8;
       if (m >= M) continue;
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)m * ldx + c));
-      uint16_t* d = xt + (size_t)c * kWgmmaMaxTokens + m;
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        d[(2 * i) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] & 0xffffu);
-        d[(2 * i + 1) * kWgmmaMaxTokens] = static_cast<uint16_t>(w[i] >> 16);
-      }
+      xt_store8(xt, c, m, __ldg(reinterpret_cast<const uint4*>(x + (int64_t)m * ldx + c)));
     }
   __threadfence();  // this thread's stores visible GPU-wide before the blocks are counted
   asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(nthr) : "memory");
