@@ -100,7 +100,7 @@ def main(argv=None) -> int:
             y = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
             sm = cuda_ops._check_device(dev)
             kver = cuda_ops.kernel_version(n, k, dev)
-            need = int(cuda_ops._gemm_lib().w12_gemm_workspace_bytes(m, n, k, sm * 2, sm, kver))
+            need = int(cuda_ops._gemm_lib().w12_gemm_workspace_bytes(m, n, k, sm * 2, sm, kver, 0))
             buf = torch.empty(need + max(offs) + 4096, dtype=torch.uint8, device=dev)
             graphs, labels = [], []
             for rnd in range(2):  # each offset at two positions: forward, then reversed

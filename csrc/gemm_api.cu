@@ -23,8 +23,9 @@ extern "C" {
 // w12_gemm_wholek_stages. 10: w12_gemm_counters takes the SM count; w12_gemm_xt_buffer (v4's XT).
 // 11: w12_gemm_pair_grid. 12: w12_gemm_nobar. 13: w12_gemm_nobar returns the consumer warpgroups.
 // 14: w12_gemm_wholek_warpgroups, w12_gemm_wholek_cluster. 15: w12_gemm_sk_lanes; the XT scratch's
-// header holds SK's flags (4 KB).
-int w12_gemm_abi_version(void) { return 15; }
+// header holds SK's flags (4 KB). 16: w12_gemm_workspace_bytes takes the diagnostics (SK's park
+// only where SK runs).
+int w12_gemm_abi_version(void) { return 16; }
 
 // 0 when GEMM kernel v4 (wgmma) can run on the current device (sm_90 with this library's real
 // sm_90a code), else the CUDA error that says why not. `auto` takes v4 wherever it is 0.
@@ -98,12 +99,13 @@ int w12_gemm_sk_lanes(int n, int k, int m, int target_ctas, int sms, int flags) 
 // Bytes of FP32 partial sums a call with these sizes needs (v1: 0 when K is not split).
 // kernel: 1 = v1 (fixed K-split, gemm_w12_mma_sm120.cu), 2 = v2 (stream-K, gemm_w12_streamk_sm120.cu),
 // 3 = v3 (row slabs, gemm_w12_slab_sm120.cu: no workspace), 4 = v4 (wgmma,
-// kernels_sm90/gemm_w12_wgmma_sm90.cu: v1's workspace, no counters).
-int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, int kernel) {
+// kernels_sm90/gemm_w12_wgmma_sm90.cu: v1's workspace, no counters; on unsplit weights the
+// accumulators its SK lanes park, where they run with the diagnostics `flags`).
+int64_t w12_gemm_workspace_bytes(int m, int n, int k, int target_ctas, int sms, int kernel, int flags) {
   if (kernel == 3) return 0;
   if (kernel == 2) return static_cast<int64_t>(w12::gemm_sk_workspace_bytes(m, target_ctas));
   // v4 parks v1-ordered partials for v1's reduce kernel, up to 128 tokens per launch (v1: 64).
-  return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas, sms, kernel == 4 ? 4 : 1));
+  return static_cast<int64_t>(w12::gemm_workspace_bytes(m, n, k, target_ctas, sms, kernel == 4 ? 4 : 1, flags));
 }
 
 // Ints of zeroed counter/flag memory a call needs (zero on entry, left zero on exit).

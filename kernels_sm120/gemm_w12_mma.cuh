@@ -79,8 +79,9 @@ int gemm_splits(int N, int K, int target_ctas, int sms, int kernel);
 // Token rows per launch of v1 (longer M runs in 64-token passes); v4's is kWgmmaMaxTokens.
 constexpr int kMmaMaxTokens = 64;
 // Partial-sum bytes of one launch of kernel 1 (v1, up to kMmaMaxTokens token rows) or 4 (v4, up to
-// kWgmmaMaxTokens); longer M runs in passes that reuse them, in stream order.
-size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int kernel);
+// kWgmmaMaxTokens); longer M runs in passes that reuse them, in stream order. For v4 on unsplit
+// weights, SK's parked accumulators where it runs SK with the diagnostics `flags` (else 0).
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int kernel, int flags);
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream);
 // v2, persistent stream-K (gemm_w12_streamk_sm120.cu). The grid (target_ctas CTAs) fixes the
 // record ranges and so the summation order; M never does. workspace: gemm_sk_workspace_bytes();
@@ -181,8 +182,8 @@ __host__ __device__ inline SkSeg sk_segment(int lane, int lanes, int units, int 
   return SkSeg{f0 / KT, f0 % KT, KT, 2};
 }
 // SK's lanes for nt 128-row tiles at `tokens` rows on `sms` SMs (0: one pair unit a CTA), and the
-// bytes of its parked accumulators (a workspace, w12_gemm_workspace_bytes, sized as if kSkAll were
-// set, since it does not see the flags); its flags, 4 a lane, sit in the XT scratch's header
+// bytes of its parked accumulators (a workspace, w12_gemm_workspace_bytes, sized for the passes
+// that run SK under the call's diagnostics); its flags, 4 a lane, sit in the XT scratch's header
 // (w12_gemm_counters). At 33-64 tokens on every weight of more pair units than SMs; at 65-128 only
 // where one unit a CTA's rounds (ceil(units / SMs) x SMs CTA slots) exceed the units by at least
 // kSkMinIdle percent (sk_rounds_idle). Session 45's sweep of 12 such weights at 96-128 tokens

@@ -402,16 +402,23 @@ int gemm_splits(int N, int K, int target_ctas, int sms, int kernel) {
   return no_empty(best);
 }
 
-size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int kernel) {
+size_t gemm_workspace_bytes(int M, int N, int K, int target_ctas, int sms, int kernel, int flags) {
   const int s = gemm_splits(N, K, target_ctas, sms, kernel);
   const int max_tokens = kernel == 4 ? kWgmmaMaxTokens : kMmaMaxTokens;
   if (M <= 0) return 0;
   const int tokens = M < max_tokens ? M : max_tokens;
   const size_t nt = (N + 127) / 128;
-  // v4's SK lanes (unsplit weights at 33-128 tokens) park the accumulators of the chains they cut.
-  if (s <= 1)
-    return kernel == 4 && nb_sk_lanes((int)nt, tokens, sms, kSkAll) ? (size_t)nb_sk_park_bytes(sms, tokens) : 0;
-  return nt * s * 2 * nchunks_for(tokens) * 128 * sizeof(float4);  // same for 4 or 8 warps
+  if (s > 1) return nt * s * 2 * nchunks_for(tokens) * 128 * sizeof(float4);  // same for 4 or 8 warps
+  if (kernel != 4) return 0;
+  // v4's SK lanes (unsplit weights at 33-128 tokens) park the accumulators of the chains they cut:
+  // sized for the passes that run them, the full ones and the last (M > 128 runs in 128-token passes).
+  size_t park = 0;
+  for (const int t : {tokens, M > max_tokens ? M % max_tokens : 0})
+    if (t > 0 && wgmma_sk_lanes(N, K, t, target_ctas, sms, flags)) {
+      const size_t b = (size_t)nb_sk_park_bytes(sms, t);
+      park = b > park ? b : park;
+    }
+  return park;
 }
 
 cudaError_t gemm_launch(const GemmArgs& a, cudaStream_t stream) {

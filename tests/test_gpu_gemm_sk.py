@@ -124,3 +124,36 @@ def test_v4_sk_lanes_in_a_graph(monkeypatch):
             graph.replay()
             assert torch.equal(yg.view(torch.int16), ref), f"replay round {rnd}"
     assert _flags_left(sms)[SK_FLAGS0:] == [0] * (4 * sms), "SK's flags left set"
+
+
+@pytest.mark.skipif("v4" not in KERNELS, reason="v4 is the sm_90 wgmma kernel")
+def test_v4_workspace_holds_sk_park_only_where_sk_runs():
+    # w12_gemm_workspace_bytes sizes SK's parked accumulators (4 warpgroups a lane, 8 or 16 token
+    # chunks of 128 threads x 16 bytes) for the passes that run SK under the call's diagnostics,
+    # and nothing on an unsplit weight where none does (before session 46: always, as if 2097152).
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    so = cuda_ops._gemm_lib()
+    n, k = 128256, 1024
+    units = (n + 255) // 256
+    if units <= sms:
+        pytest.skip(f"{units} pair units fit {sms} SMs in one wave")
+
+    def ws(m: int, diag: int) -> int:
+        return int(so.w12_gemm_workspace_bytes(m, n, k, 2 * sms, sms, 4, diag))
+
+    def park(t: int) -> int:
+        return sms * 4 * (16 if t > 64 else 8) * 128 * 16
+
+    def sk(t: int, diag: int) -> bool:
+        return cuda_ops.sk_lanes(n, k, t, DEV, diag=diag) > 0
+
+    assert sk(64, 0) and ws(64, 0) == park(64), "SK at 33-64 tokens by default"
+    assert ws(16, SK_ALL) == 0, "no SK at <= 32 tokens"
+    assert ws(100, int(NO_SK)) == 0 and ws(100, SK_ALL | int(NO_SK)) == 0, f"{NO_SK}: never SK"
+    assert ws(100, SK_ALL) == park(100), "SK on request at 65-128 tokens"
+    assert ws(100, 0) == (park(100) if sk(100, 0) else 0), "the default rule at 100 tokens"
+    # 200 tokens: passes of 128 and 72, the park as large as the largest pass that runs SK.
+    for diag in (0, SK_ALL):
+        want = max([park(t) for t in (128, 72) if sk(t, diag)], default=0)
+        assert ws(200, diag) == want, f"200 tokens, diagnostics {diag}"
+    assert ws(40, 0) == (park(40) if sk(40, 0) else 0) and ws(1, 0) == 0

@@ -59,7 +59,7 @@ from .format import RECORD_BYTES, TILE_K, TILE_N, ceil_div, convert_layout
 _LIB = None
 _LIB_ERROR: str | None = None
 _LOCK = threading.Lock()
-_GEMM_ABI = 15
+_GEMM_ABI = 16
 
 
 def library_path() -> Path:
@@ -171,7 +171,7 @@ def _gemm_lib() -> ctypes.CDLL:
     so.w12_gemm.argtypes = [_VP, _I64, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _I64, _INT, _INT, _INT, _VP, _VP]
     so.w12_gemm.argtypes += [_INT, _INT, _INT, _INT, _VP]
     so.w12_gemm_workspace_bytes.restype = _I64
-    so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT]
+    so.w12_gemm_workspace_bytes.argtypes = [_INT, _INT, _INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_counters.restype = _INT
     so.w12_gemm_counters.argtypes = [_INT, _INT, _INT, _INT, _INT]
     so.w12_gemm_v4_ready.restype = _INT
@@ -620,9 +620,9 @@ def _linear_cuda(x, records, base, esc_ptr, esc_col, esc_val, n, k, layout, bias
     y = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     tgt = sm * _env_int("W12_GEMM_CTAS_PER_SM", 2)
     stages = _env_int("W12_GEMM_STAGES", 0, allowed={0, *range(2, 17)})
-    ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt, sm, kver))
-    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     flags = _diag_env()
+    ws_bytes = int(so.w12_gemm_workspace_bytes(m, n, k, tgt, sm, kver, flags))
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     if not _pdl(kver, n, k, m, device):  # read (and checked) on every call; v1, v3 and v4 use the bit
         flags |= 32
     code = gemm_launch(
