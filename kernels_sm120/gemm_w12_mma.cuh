@@ -133,6 +133,10 @@ constexpr int kWholekOff = 16;                // diagnostic 16: the split grid +
 constexpr int kWholekShortSlices = 1 << 17;   // diagnostic 131072: slices under 16 records too
 constexpr int kWholekNoPack = 1 << 20;        // diagnostic 1048576: never the packed forms
 constexpr int kWholekEveryPacking = 1 << 21;  // diagnostic 2097152: every packing (clusters of 3-8 CTAs, 2 warpgroups)
+// Diagnostic 131072 at 17-128 tokens, where whole-K clusters never run: v4 parks every 8-token chunk
+// of its tile and the reduce kernel runs a CTA for each, as before session 47, instead of only the
+// chunks that hold a token of the pass (same bits; timing only).
+constexpr int kParkEveryChunk = kWholekShortSlices;
 int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags);
 int wholek_warpgroups(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags);
 int wholek_cluster_ctas(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags);

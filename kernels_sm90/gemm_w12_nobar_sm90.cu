@@ -212,6 +212,8 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
   constexpr int ND = T / 2;
   float acc[1][ND];
   const uint32_t k38 = opaque_k38(static_cast<uint32_t>(p.M) >> 30);
+  // Chunk j's 8 tokens hold one of the pass's (only those are parked; diagnostic 131072: all).
+  auto live = [&](int j) { return 8 * j < p.M || (p.diag & kParkEveryChunk) != 0; };
   // The stage of the next step and its phase parity, over the CTA's units.
   int rd = 0, prev = 0;
   uint32_t ph = 0;
@@ -249,7 +251,8 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       if constexpr (SK)
 #pragma unroll
         for (int j = 0; j < NCH; ++j)
-          ld_cg_if(cont && !(p.diag & kSkDiagNoHandoff), from + j * kThreads, acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]);
+          ld_cg_if(cont && !(p.diag & kSkDiagNoHandoff) && live(j), from + j * kThreads, acc[0][4 * j], acc[0][4 * j + 1],
+                   acc[0][4 * j + 2], acc[0][4 * j + 3]);
       // Half a record at a time, one A buffer (the deep loop's two need 127 registers; the pairs'
       // consumers have 112): each half's two wgmma are a group of their own, so the wait before decoding a half
       // into its part of the buffer retires only the same half of the previous record, and that
@@ -301,8 +304,9 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
               const uint64_t keep = l2_policy_evict_last();
 #pragma unroll
               for (int j = 0; j < NCH; ++j)
-                st_global_policy(to + j * kThreads,
-                                 make_float4(acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]), keep);
+                if (live(j))  // not chunks of padding tokens only (the tail loads zeros there)
+                  st_global_policy(to + j * kThreads,
+                                   make_float4(acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]), keep);
               named_bar_sync(2 + w, kThreads);
               if (signals) st_release_gpu(p.skf + bid * 4 + w, 1);
             }
@@ -322,19 +326,23 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
       if (h == 1) {
 #pragma unroll
         for (int j = 0; j < NCH; ++j) {
-          const float4 f = mine[(mt0 * NCH + j) * kThreads];
+          // (Chunks of padding tokens were not parked: zeros, a predicated load, no branch.)
+          float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
+          ld_cg_if(live(j), mine + (mt0 * NCH + j) * kThreads, f.x, f.y, f.z, f.w);
           acc[0][4 * j] = __fadd_rn(f.x, acc[0][4 * j]);
           acc[0][4 * j + 1] = __fadd_rn(f.y, acc[0][4 * j + 1]);
           acc[0][4 * j + 2] = __fadd_rn(f.z, acc[0][4 * j + 2]);
           acc[0][4 * j + 3] = __fadd_rn(f.w, acc[0][4 * j + 3]);
         }
       }
-      // Parked evict_last in v1's order, as v4's split grids park theirs (gemm_w12_wgmma_sm90.cu).
+      // Parked evict_last in v1's order, as v4's split grids park theirs (gemm_w12_wgmma_sm90.cu),
+      // but not the chunks that hold padding tokens only (the reduce kernel reads none of them).
       const uint64_t keep = l2_policy_evict_last();
 #pragma unroll
       for (int j = 0; j < NCH; ++j)
-        st_global_policy(mine + (mt0 * NCH + j) * kThreads,
-                         make_float4(acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]), keep);
+        if (live(j))
+          st_global_policy(mine + (mt0 * NCH + j) * kThreads,
+                           make_float4(acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]), keep);
     }
   }
 #endif
@@ -392,12 +400,13 @@ cudaError_t gemm_nobar_launch(const GemmArgs& a, int m0, int tokens, int S, int 
   p.ldy = a.ldy;
   p.ws = static_cast<float4*>(ws);  // S > 1: the partials; S = 1: the XT scratch (or none)
   p.xth = xth;
+  p.diag = a.flags & kParkEveryChunk;
   if (sk) {
     p.sk = sk;
     p.park = static_cast<float4*>(a.workspace);
     p.skf = a.counters + kSkFlags0;  // in the XT scratch's header
     p.epis = units;  // one epilogue a chain, wherever it is cut
-    p.diag = a.flags & (kSkDiagNoWait | kSkDiagNoHandoff);
+    p.diag |= a.flags & (kSkDiagNoWait | kSkDiagNoHandoff);
   }
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;

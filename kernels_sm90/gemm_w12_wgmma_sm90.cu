@@ -468,15 +468,17 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // Parked evict_last: the weights streaming behind them would otherwise push them out of L2, and
   // the reduce kernel would wait on their write-back and refetch (session 28: down -1.9 us at 64
   // tokens, the decode-step graph set -1.7 %; docs/perf-notes.md). The reduce kernel reads them
-  // evict_first, which hands their lines back.
+  // evict_first, which hands their lines back. Chunks of padding tokens only (8j >= M) are not
+  // parked (diagnostic 131072: they are): the reduce kernel has no CTA for them (live_chunks).
   float4* mine = p.ws + ((size_t)rowtile * SP + split) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
   const uint64_t keep = l2_policy_evict_last();
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int j = 0; j < NCH; ++j)
-      st_global_policy(mine + ((mtg + mt) * NCH + j) * kThreads,
-                       make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]), keep);
+      if (8 * j < p.M || (p.diag & kParkEveryChunk))
+        st_global_policy(mine + ((mtg + mt) * NCH + j) * kThreads,
+                         make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]), keep);
 #endif
 }
 
@@ -716,7 +718,7 @@ cudaError_t gemm_wgmma_launch(const GemmArgs& a, cudaStream_t stream) {
   p.ldx = a.ldx;
   p.ldy = a.ldy;
   p.pdl = (a.flags & 32) ? 0 : 1;  // diagnostic 32 = no PDL (the Python rule sets it: W12_GEMM_PDL)
-  p.diag = a.flags & 3;
+  p.diag = a.flags & (3 | kParkEveryChunk);
   for (int m0 = 0; m0 < a.M; m0 += kMaxTokens) {
     const int tokens = (a.M - m0) < kMaxTokens ? (a.M - m0) : kMaxTokens;
     p.x = a.x + (int64_t)m0 * a.ldx;
