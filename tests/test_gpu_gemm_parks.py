@@ -42,7 +42,8 @@ _CASES = [
     (6144, 2048, 100, 0, 3, "NB triples"),
     (4096, 8192, 65, 0, 4, "NB row-tile pairs"),
     (4096, 8192, 100, 0, 4, "NB row-tile pairs"),
-    (4096, 4096, 73, ONE_RING, 0, "row-tile pairs with a CTA barrier"),
+    (4096, 4096, 73, 0, 0, "single-row-tile split grid, 8 slices"),
+    (4096, 8192, 73, ONE_RING, 0, "row-tile pairs with a CTA barrier"),
     (128 * 266, 1024, 65, SK_ALL, 4, "SK heads and tails"),
     (128 * 266, 1024, 100, SK_ALL, 4, "SK heads and tails"),
     # Diagnostic 131072: every chunk parked, as before session 47 (the check below must see it).
