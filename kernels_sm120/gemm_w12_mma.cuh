@@ -137,6 +137,19 @@ constexpr int kWholekEveryPacking = 1 << 21;  // diagnostic 2097152: every packi
 // of its tile and the reduce kernel runs a CTA for each, as before session 47, instead of only the
 // chunks that hold a token of the pass (same bits; timing only).
 constexpr int kParkEveryChunk = kWholekShortSlices;
+// That rule, in one place for the parks (gemm_w12_wgmma_sm90.cu, gemm_w12_nobar_sm90.cu) and the
+// reduce kernel's grid (gemm_w12_reduce_sm120.cu): whether chunk j of a pass of M tokens is parked
+// (flags: the kernel's diagnostics), and how many of a tile's nch chunks are (the first ones).
+__host__ __device__ constexpr bool chunk_parked(int j, int M, int flags) {
+  return 8 * j < M || (flags & kParkEveryChunk) != 0;
+}
+__host__ __device__ constexpr int chunks_parked(int nch, int M, int flags) {
+  return (flags & kParkEveryChunk) || (M + 7) / 8 > nch ? nch : (M + 7) / 8;
+}
+static_assert(chunks_parked(16, 65, 0) == 9 && chunks_parked(16, 128, 0) == 16 && chunks_parked(4, 17, 0) == 3 &&
+                  chunks_parked(16, 65, kParkEveryChunk) == 16 && chunk_parked(8, 65, 0) && !chunk_parked(9, 65, 0) &&
+                  chunk_parked(9, 65, kParkEveryChunk),
+              "the parked chunks");
 int wholek_stages(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags);
 int wholek_warpgroups(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags);
 int wholek_cluster_ctas(int N, int K, int S, int tokens, int sms, int smem_sm, int smem_optin, int stages, int flags);

@@ -311,7 +311,7 @@ cudaError_t fits_at_once(long ctas, int threads, int smem, bool& fits) {
 // NCH chunks wide, but chunks of padding tokens only (M = 65: 7 of 16) would be CTAs that store
 // nothing, so v4 does not park them either (session 47; diagnostic 131072: every chunk, as before).
 inline int live_chunks(const KParams& p, int nch) {
-  return (p.flags & kParkEveryChunk) ? nch : min(nch, (p.M + 7) / 8);
+  return chunks_parked(nch, p.M, p.flags);
 }
 
 template <int NCH, int MTW, int B, int MINB = 1, bool SLOTS = false>

@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(nb_threads(WGC), 1) gemm_w12_nobar_kernel(cons
   float acc[1][ND];
   const uint32_t k38 = opaque_k38(static_cast<uint32_t>(p.M) >> 30);
   // Chunk j's 8 tokens hold one of the pass's (only those are parked; diagnostic 131072: all).
-  auto live = [&](int j) { return 8 * j < p.M || (p.diag & kParkEveryChunk) != 0; };
+  auto live = [&](int j) { return chunk_parked(j, p.M, p.diag); };
   // The stage of the next step and its phase parity, over the CTA's units.
   int rd = 0, prev = 0;
   uint32_t ph = 0;

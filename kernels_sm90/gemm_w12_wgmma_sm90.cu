@@ -476,7 +476,7 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int j = 0; j < NCH; ++j)
-      if (8 * j < p.M || (p.diag & kParkEveryChunk))
+      if (chunk_parked(j, p.M, p.diag))
         st_global_policy(mine + ((mtg + mt) * NCH + j) * kThreads,
                          make_float4(acc[mt][4 * j], acc[mt][4 * j + 1], acc[mt][4 * j + 2], acc[mt][4 * j + 3]), keep);
 #endif
