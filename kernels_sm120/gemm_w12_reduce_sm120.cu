@@ -307,18 +307,13 @@ cudaError_t fits_at_once(long ctas, int threads, int smem, bool& fits) {
   return cudaSuccess;
 }
 
-// The 8-token chunks that hold a token of the pass: the reduce grid's y extent. The GEMM's tile is
-// NCH chunks wide, but chunks of padding tokens only (M = 65: 7 of 16) would be CTAs that store
-// nothing, so v4 does not park them either (session 47; diagnostic 131072: every chunk, as before).
-inline int live_chunks(const KParams& p, int nch) {
-  return chunks_parked(nch, p.M, p.flags);
-}
-
 template <int NCH, int MTW, int B, int MINB = 1, bool SLOTS = false>
 cudaError_t launch_reduce_b(const KParams& p, int tiles, cudaStream_t stream) {
   constexpr auto staged = gemm_w12_reduce_kernel<NCH, MTW, true, B, MINB, SLOTS>;
   constexpr int threads = 256 / MTW, smem = sizeof(StagedEscapes);
-  const int chunks = live_chunks(p, NCH);
+  // The reduce grid's y extent: the chunks the GEMM parked (chunks_parked). A chunk of padding
+  // tokens only (M = 65: 7 of 16) would be a CTA that stores nothing (session 47).
+  const int chunks = chunks_parked(NCH, p.M, p.flags);
   bool fits = false;
   if (cudaError_t e = fits_at_once<staged>((long)tiles * chunks, threads, smem, fits); e != cudaSuccess) return e;
   if (fits) return launch_ex(staged, dim3(tiles, chunks), dim3(threads), smem, stream, 1, true, p);
@@ -346,7 +341,7 @@ cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream, bool
     // round trips per CTA, one batch. The same adds in the same order (B only cuts the fetches).
     constexpr auto plain8 = gemm_w12_reduce_kernel<NCH, MTW, false, kMaxClusterSplits>;
     bool fits = false;
-    if (cudaError_t e = fits_at_once<plain8>((long)tiles * live_chunks(p, NCH), 256 / MTW, 0, fits); e != cudaSuccess)
+    if (cudaError_t e = fits_at_once<plain8>((long)tiles * chunks_parked(NCH, p.M, p.flags), 256 / MTW, 0, fits); e != cudaSuccess)
       return e;
     if (!fits) return launch_reduce_b<NCH, MTW, 4, 6>(p, tiles, stream);
   }

@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(kThreads * WG, (DEEP || PAIR) ? 2 : V4Blocks<W
   // the reduce kernel would wait on their write-back and refetch (session 28: down -1.9 us at 64
   // tokens, the decode-step graph set -1.7 %; docs/perf-notes.md). The reduce kernel reads them
   // evict_first, which hands their lines back. Chunks of padding tokens only (8j >= M) are not
-  // parked (diagnostic 131072: they are): the reduce kernel has no CTA for them (live_chunks).
+  // parked (diagnostic 131072: they are): the reduce kernel has no CTA for them (chunks_parked).
   float4* mine = p.ws + ((size_t)rowtile * SP + split) * (2 * NCH * kThreads) + (tid & (kThreads - 1));
   const uint64_t keep = l2_policy_evict_last();
 #pragma unroll
