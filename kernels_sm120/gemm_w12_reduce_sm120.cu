@@ -341,8 +341,8 @@ cudaError_t launch_reduce(const KParams& p, int tiles, cudaStream_t stream, bool
     // round trips per CTA, one batch. The same adds in the same order (B only cuts the fetches).
     constexpr auto plain8 = gemm_w12_reduce_kernel<NCH, MTW, false, kMaxClusterSplits>;
     bool fits = false;
-    if (cudaError_t e = fits_at_once<plain8>((long)tiles * chunks_parked(NCH, p.M, p.flags), 256 / MTW, 0, fits); e != cudaSuccess)
-      return e;
+    const long ctas = (long)tiles * chunks_parked(NCH, p.M, p.flags);
+    if (cudaError_t e = fits_at_once<plain8>(ctas, 256 / MTW, 0, fits); e != cudaSuccess) return e;
     if (!fits) return launch_reduce_b<NCH, MTW, 4, 6>(p, tiles, stream);
   }
   return launch_reduce_b<NCH, MTW, kMaxClusterSplits>(p, tiles, stream);
